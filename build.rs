@@ -1,0 +1,76 @@
+//! Builds the C++ shim against the installed PyTorch and links the library.
+//!
+//! Torch is found by `OPENREG_TORCH_DIR` (the `torch` package directory, with
+//! `include/` and `lib/`; then `OPENREG_TORCH_CXX11_ABI` gives the ABI flag,
+//! default 1) or else by asking `$PYTHON` (default `python3`).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+struct Torch {
+    dir: PathBuf,
+    cxx11_abi: String,
+}
+
+fn find_torch() -> Torch {
+    if let Ok(dir) = std::env::var("OPENREG_TORCH_DIR") {
+        let cxx11_abi = std::env::var("OPENREG_TORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
+        return Torch { dir: dir.into(), cxx11_abi };
+    }
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = "import os, torch; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI))";
+    let output = Command::new(&python).args(["-c", script]).output();
+    match output {
+        Ok(out) if out.status.success() => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            let mut lines = text.lines().filter(|l| !l.is_empty());
+            match (lines.next(), lines.next()) {
+                (Some(dir), Some(abi)) => Torch { dir: dir.trim().into(), cxx11_abi: abi.trim().into() },
+                _ => fail(&format!("`{python}` printed no torch location: {text}")),
+            }
+        }
+        Ok(out) => fail(&format!("`{python} -c 'import torch'` failed: {}", String::from_utf8_lossy(&out.stderr))),
+        Err(e) => fail(&format!("cannot run `{python}`: {e}")),
+    }
+}
+
+fn fail(why: &str) -> ! {
+    panic!(
+        "torch_openreg needs PyTorch 2.15 to build: {why}\n\
+         Fix one of:\n  - install it: python3 -m pip install 'torch==2.15.*'\n  \
+         - point PYTHON at an interpreter that has it\n  \
+         - set OPENREG_TORCH_DIR to the torch package directory (and OPENREG_TORCH_CXX11_ABI)"
+    )
+}
+
+fn main() {
+    let torch = find_torch();
+    let include = torch.dir.join("include");
+    let lib = torch.dir.join("lib");
+    if !include.join("c10").is_dir() {
+        fail(&format!("{} has no include/c10", torch.dir.display()));
+    }
+
+    let sources = ["cpp/guard.cpp", "cpp/hooks.cpp", "cpp/register.cpp"];
+    cxx_build::bridge("src/ffi.rs")
+        .files(sources)
+        .std("c++20")
+        .include(&include)
+        .define("_GLIBCXX_USE_CXX11_ABI", torch.cxx11_abi.as_str())
+        .flag_if_supported("-Wno-unused-parameter")
+        .compile("torch_openreg_shim");
+
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    for name in ["torch_cpu", "c10"] {
+        println!("cargo:rustc-link-lib=dylib={name}");
+    }
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    println!("cargo:rustc-link-lib=dylib=stdc++");
+
+    for path in sources.iter().chain(&["cpp/shim.h", "cpp/checked.h", "cpp/backend.h", "src/ffi.rs"]) {
+        println!("cargo:rerun-if-changed={path}");
+    }
+    for var in ["OPENREG_TORCH_DIR", "OPENREG_TORCH_CXX11_ABI", "PYTHON"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+}

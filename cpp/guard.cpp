@@ -1,0 +1,195 @@
+// openreg's c10::impl::DeviceGuardImplInterface: every method forwards to the
+// Rust runtime through the bridge. Contracts are quoted from the interface.
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include "torch_openreg/cpp/backend.h"
+#include "torch_openreg/cpp/checked.h"
+#include "torch_openreg/src/ffi.rs.h"
+
+namespace openreg {
+namespace {
+
+constexpr c10::DeviceType kOpenReg = c10::DeviceType::PrivateUse1;
+
+void check_device_type(const c10::Device& device, const char* method) {
+  TORCH_CHECK(
+      device.type() == kOpenReg, method, ": expected an openreg device, but got ", device);
+}
+
+void check_stream_type(const c10::Stream& stream, const char* method) {
+  TORCH_CHECK(
+      stream.device_type() == kOpenReg, method, ": expected an openreg stream, but got ", stream);
+}
+
+c10::Stream make_stream(c10::DeviceIndex index, c10::StreamId id) {
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kOpenReg, index), id);
+}
+
+// A device's index, or the current device's for an index-less device.
+c10::DeviceIndex index_of(const c10::Device& device) {
+  return device.has_index() ? device.index() : ffi::current_device();
+}
+
+uintptr_t event_handle(const void* event) {
+  return reinterpret_cast<uintptr_t>(event);
+}
+
+struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override {
+    return kOpenReg;
+  }
+
+  c10::Device exchangeDevice(c10::Device device) const override {
+    check_device_type(device, "exchangeDevice");
+    return c10::Device(kOpenReg, checked([&] { return ffi::exchange_device(device.index()); }));
+  }
+
+  c10::Device getDevice() const override {
+    return c10::Device(kOpenReg, ffi::current_device());
+  }
+
+  void setDevice(c10::Device device) const override {
+    check_device_type(device, "setDevice");
+    checked([&] { ffi::set_device(device.index()); });
+  }
+
+  // REQUIRED to not raise: an invalid device is ignored with a one-time warning.
+  void uncheckedSetDevice(c10::Device device) const noexcept override {
+    ffi::unchecked_set_device(device.index());
+  }
+
+  c10::Stream getStream(c10::Device device) const override {
+    check_device_type(device, "getStream");
+    auto index = index_of(device);
+    return make_stream(index, checked([&] { return ffi::current_stream(index); }));
+  }
+
+  c10::Stream getDefaultStream(c10::Device device) const override {
+    check_device_type(device, "getDefaultStream");
+    auto index = index_of(device);
+    return make_stream(index, checked([&] { return ffi::default_stream(index); }));
+  }
+
+  c10::Stream getStreamFromGlobalPool(c10::Device device, bool isHighPriority) const override {
+    check_device_type(device, "getStreamFromGlobalPool");
+    auto index = index_of(device);
+    int priority = isHighPriority ? -1 : 0;
+    return make_stream(index, checked([&] { return ffi::pool_stream(index, priority); }));
+  }
+
+  // Streams come from the device's pools (round-robin, like CUDA); an
+  // out-of-range priority is clamped to the supported range.
+  c10::Stream getNewStream(c10::Device device, int priority) const override {
+    check_device_type(device, "getNewStream");
+    auto index = index_of(device);
+    return make_stream(index, checked([&] { return ffi::pool_stream(index, priority); }));
+  }
+
+  // Does not change the current device.
+  c10::Stream exchangeStream(c10::Stream stream) const override {
+    check_stream_type(stream, "exchangeStream");
+    auto index = stream.device_index();
+    return make_stream(index, checked([&] { return ffi::exchange_stream(index, stream.id()); }));
+  }
+
+  // A stable pointer to the runtime's stream (an orStream_t of openreg.h).
+  void* getStreamNativeHandle(const c10::Stream stream) const override {
+    check_stream_type(stream, "getStreamNativeHandle");
+    return reinterpret_cast<void*>(
+        checked([&] { return ffi::stream_native_handle(stream.device_index(), stream.id()); }));
+  }
+
+  // REQUIRED to not raise.
+  void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
+    ffi::destroy_event(event_handle(event));
+  }
+
+  // Creates the event on first record; PYTORCH_DEFAULT records no timing,
+  // BACKEND_DEFAULT does. See Note [Event versions] in src/event.rs.
+  void record(
+      void** event,
+      const c10::Stream& stream,
+      const c10::DeviceIndex device_index,
+      const c10::EventFlag flag) const override {
+    check_stream_type(stream, "record");
+    size_t handle = event_handle(*event);
+    bool timing = flag == c10::EventFlag::BACKEND_DEFAULT;
+    try {
+      checked([&] {
+        ffi::record_event(handle, device_index, stream.device_index(), stream.id(), timing);
+      });
+    } catch (...) {
+      *event = reinterpret_cast<void*>(handle); // keep a created event owned
+      throw;
+    }
+    *event = reinterpret_cast<void*>(handle);
+  }
+
+  void block(void* event, const c10::Stream& stream) const override {
+    check_stream_type(stream, "block");
+    checked([&] { ffi::block_event(event_handle(event), stream.device_index(), stream.id()); });
+  }
+
+  bool queryEvent(void* event) const override {
+    return checked([&] { return ffi::query_event(event_handle(event)); });
+  }
+
+  // REQUIRED to not raise: 0 when the device count is misconfigured.
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return ffi::device_count();
+  }
+
+  // All dtypes but the quantized ones, which have no openreg kernels.
+  c10::DeviceCapability getDeviceCapability(c10::Device device) const override {
+    check_device_type(device, "getDeviceCapability");
+    auto index = index_of(device);
+    c10::DeviceCapability capability;
+    if (!checked([&] { return ffi::device_supports_quantized(index); })) {
+      auto& types = capability.capability_data.supported_scalar_types;
+      types.has_QInt8 = types.has_QUInt8 = types.has_QInt32 = 0;
+      types.has_QUInt4x2 = types.has_QUInt2x4 = 0;
+    }
+    return capability;
+  }
+
+  bool queryStream(const c10::Stream& stream) const override {
+    check_stream_type(stream, "queryStream");
+    return checked([&] { return ffi::query_stream(stream.device_index(), stream.id()); });
+  }
+
+  void synchronizeStream(const c10::Stream& stream) const override {
+    check_stream_type(stream, "synchronizeStream");
+    checked([&] { ffi::synchronize_stream(stream.device_index(), stream.id()); });
+  }
+
+  // No stream captures until graph capture exists; the stream is still
+  // validated so a bad stream is reported rather than answered.
+  bool isStreamCapturing(const c10::Stream& stream) const override {
+    check_stream_type(stream, "isStreamCapturing");
+    checked([&] { ffi::current_stream(stream.device_index()); });
+    return false;
+  }
+
+  void synchronizeEvent(void* event) const override {
+    checked([&] { ffi::synchronize_event(event_handle(event)); });
+  }
+
+  void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    checked([&] { ffi::synchronize_device(device_index); });
+  }
+
+  double elapsedTime(void* event1, void* event2, const c10::DeviceIndex device_index)
+      const override {
+    return checked([&] {
+      return ffi::event_elapsed_ms(event_handle(event1), event_handle(event2), device_index);
+    });
+  }
+};
+
+} // namespace
+
+c10::impl::DeviceGuardImplInterface* new_device_guard_impl() {
+  return new OpenRegGuardImpl();
+}
+
+} // namespace openreg

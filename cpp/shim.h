@@ -1,0 +1,18 @@
+// The C++ side of the cxx bridge (src/ffi.rs): functions Rust calls into,
+// and the helper every shim method uses to turn Rust errors into c10::Error.
+// Kept free of PyTorch headers: the generated bridge code includes it.
+#pragma once
+
+#include <cstdint>
+
+#include "rust/cxx.h"
+
+namespace openreg::ffi {
+
+// Forwards to TORCH_WARN. Never throws.
+void emit_warning(::rust::Str message) noexcept;
+// Registers the openreg backend (name, device guard, hooks) with PyTorch.
+void register_backend();
+bool backend_registered() noexcept;
+
+} // namespace openreg::ffi

@@ -1,0 +1,79 @@
+/*
+ * openreg.h — the plain C ABI of the openreg runtime (no PyTorch needed),
+ * in the spirit of a CUDA runtime header. Implemented in src/capi.rs and
+ * exported by libtorch_openreg.so.
+ *
+ * Every call returns an orError_t; on failure, orGetLastErrorMessage()
+ * returns this thread's detailed message (naming the device, stream or
+ * event at fault). Handles are owned by the runtime: streams live for the
+ * whole process; events live until orEventDestroy.
+ */
+#ifndef OPENREG_H
+#define OPENREG_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum orError {
+  orSuccess = 0,
+  orErrorInvalidDevice = 1,
+  orErrorInvalidValue = 2,
+  orErrorInvalidHandle = 3,
+  orErrorNotReady = 4,
+  orErrorBadFork = 5,
+  orErrorNoDevice = 6,
+} orError_t;
+
+typedef struct orStream_st* orStream_t;
+typedef struct orEvent_st* orEvent_t;
+typedef void (*orHostFn_t)(void* user_data);
+
+/* orEventCreate flags. */
+#define orEventDefault 0x0u
+#define orEventDisableTiming 0x2u
+
+const char* orGetErrorString(int error);
+const char* orGetLastErrorMessage(void);
+
+/* Runtime and devices. The current device is per thread (starts at 0). */
+int orInit(void);
+int orIsInitialized(void);
+int orIsInBadFork(void);
+int orGetDeviceCount(int* count);
+int orGetDevice(int* device);
+int orSetDevice(int device);
+int orDeviceSynchronize(void);
+int orDeviceHasPrimaryContext(int device, int* has_context);
+int orDeviceGetLiveWorkerCount(int device, int* count);
+int orDeviceGetStreamPriorityRange(int* least, int* greatest);
+
+/* Streams. device -1 means the current device. */
+int orStreamGetCurrent(int device, orStream_t* stream);
+int orStreamGetDefault(int device, orStream_t* stream);
+int orStreamGetFromPool(int device, int priority, orStream_t* stream);
+int orStreamGetId(orStream_t stream, int* device, int64_t* id);
+int orStreamGetPriority(orStream_t stream, int* priority);
+int orStreamQuery(orStream_t stream); /* orSuccess or orErrorNotReady */
+int orStreamSynchronize(orStream_t stream);
+int orStreamWaitEvent(orStream_t stream, orEvent_t event);
+int orLaunchHostFunc(orStream_t stream, orHostFn_t fn, void* user_data);
+
+/* Events, created on the current device. */
+int orEventCreate(orEvent_t* event, unsigned int flags);
+int orEventRecord(orEvent_t event, orStream_t stream);
+int orEventQuery(orEvent_t event); /* orSuccess or orErrorNotReady */
+int orEventSynchronize(orEvent_t event);
+int orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end);
+int orEventDestroy(orEvent_t event);
+
+/* The options in force, one per line: NAME<TAB>value<TAB>meaning. */
+const char* orGetOptions(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OPENREG_H */

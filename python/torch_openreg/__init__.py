@@ -1,0 +1,52 @@
+"""torch_openreg: the simulated ``openreg`` accelerator for PyTorch.
+
+Importing this package (or plain ``import torch``, through the
+``torch.backends`` entry point) loads the Rust runtime, whose load-time
+constructor registers the device guard, hooks and backend name with PyTorch,
+and then wires up the Python side: ``torch.openreg`` and the generated
+``Tensor.openreg()`` / ``Module.openreg()`` methods.
+"""
+
+import ctypes
+import os
+
+import torch
+
+_LIBRARY_PATH = os.path.join(os.path.dirname(__file__), "lib", "libtorch_openreg.so")
+
+# RTLD_GLOBAL: C++ extensions built against our headers resolve the C ABI
+# (openreg.h) from this already-loaded copy.
+_library = ctypes.CDLL(_LIBRARY_PATH, mode=ctypes.RTLD_GLOBAL)
+
+from torch_openreg import _C  # noqa: E402  (needs the library loaded first)
+from torch_openreg import openreg  # noqa: E402
+
+
+def library_path() -> str:
+    """Path of the shared library, for ``torch.utils.cpp_extension`` users."""
+    return _LIBRARY_PATH
+
+
+def include_dir() -> str:
+    """Directory of the public headers (``openreg.h``)."""
+    packaged = os.path.join(os.path.dirname(__file__), "include")
+    if os.path.isdir(packaged):
+        return packaged
+    return os.path.join(os.path.dirname(__file__), "..", "..", "include")
+
+
+def _register_python_side() -> None:
+    # The C++ side already registered the name "openreg"; renaming to the
+    # same name is accepted and makes Python aware of it.
+    torch.utils.rename_privateuse1_backend("openreg")
+    torch._register_device_module("openreg", openreg)
+    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+
+
+def _autoload() -> None:
+    """Entry point of ``torch.backends``: nothing beyond importing is needed."""
+
+
+_register_python_side()
+
+__all__ = ["library_path", "include_dir"]

@@ -1,0 +1,86 @@
+"""``torch.openreg``: the device module of the openreg backend.
+
+It mirrors ``torch.cuda`` for devices and streams. State lives in the Rust
+runtime; these functions are thin wrappers over ``torch_openreg._C`` and over
+PyTorch's generic ``torch.Stream`` / ``torch.Event``, which reach the same
+runtime through the registered device guard.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torch_openreg import _C
+
+from ._device import (
+    current_device,
+    device,
+    device_count,
+    device_of,
+    get_device_name,
+    get_device_properties,
+    init,
+    is_available,
+    is_initialized,
+    set_device,
+    synchronize,
+)
+from ._streams import (
+    Event,
+    Stream,
+    StreamContext,
+    current_stream,
+    default_stream,
+    set_stream,
+    stream,
+)
+
+
+def _is_in_bad_fork() -> bool:
+    """True in a forked child of a process that initialized openreg."""
+    return _C._is_in_bad_fork()
+
+
+def _sleep(milliseconds: float) -> None:
+    """Queue a kernel that keeps the current stream busy (like ``torch.cuda._sleep``)."""
+    _C._sleep(float(milliseconds))
+
+
+def options() -> dict[str, dict[str, Any]]:
+    """The ``OPENREG_*`` options in force: ``{name: {"value": ..., "help": ...}}``."""
+    result = {}
+    for line in _C._options().splitlines():
+        name, value, help_text = line.split("\t", 2)
+        result[name] = {"value": value, "help": help_text}
+    return result
+
+
+def stream_priority_range() -> tuple[int, int]:
+    """(least, greatest) stream priority; lower numbers are higher priorities."""
+    return _C._stream_priority_range()
+
+
+__all__ = [
+    "Event",
+    "Stream",
+    "StreamContext",
+    "current_device",
+    "current_stream",
+    "default_stream",
+    "device",
+    "device_count",
+    "device_of",
+    "get_device_name",
+    "get_device_properties",
+    "init",
+    "is_available",
+    "is_initialized",
+    "options",
+    "set_device",
+    "set_stream",
+    "stream",
+    "stream_priority_range",
+    "synchronize",
+]

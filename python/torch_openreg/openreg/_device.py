@@ -1,0 +1,110 @@
+"""Device management: count, current device, initialization, sync."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from torch_openreg import _C
+
+_DEVICE_TYPE = "openreg"
+
+
+def _device_index(device: Any, optional: bool = False) -> int:
+    """The index named by an int, string or ``torch.device`` of openreg.
+
+    ``None`` (and an index-less device when ``optional``) means the current
+    device. Any other device type is a ``ValueError`` naming it.
+    """
+    if device is None:
+        return _C._get_device()
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != _DEVICE_TYPE:
+            raise ValueError(f"expected an openreg device, but got {device}")
+        if device.index is None:
+            if not optional:
+                raise ValueError(f"expected an openreg device with an index, but got {device}")
+            return _C._get_device()
+        return device.index
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    raise TypeError(f"expected an int, str or torch.device naming an openreg device, but got {device!r}")
+
+
+def is_available() -> bool:
+    """Whether any openreg device exists. Never initializes the runtime."""
+    return _C._device_count() > 0
+
+
+def device_count() -> int:
+    return _C._device_count()
+
+
+def init() -> None:
+    """Initialize the runtime (it also initializes itself on first use)."""
+    _C._init()
+
+
+def is_initialized() -> bool:
+    return _C._is_initialized()
+
+
+def current_device() -> int:
+    return _C._get_device()
+
+
+def set_device(device: Any) -> None:
+    """Make ``device`` current for this thread. Negative indices are ignored, as in ``torch.cuda``."""
+    index = _device_index(device)
+    if index >= 0:
+        _C._set_device(index)
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait for all work on every stream of ``device`` (default: current)."""
+    torch.accelerator.synchronize(torch.device(_DEVICE_TYPE, _device_index(device, optional=True)))
+
+
+class _DeviceProperties(NamedTuple):
+    name: str
+    index: int
+    major: int
+    minor: int
+
+
+def get_device_properties(device: Any = None) -> _DeviceProperties:
+    index = _device_index(device, optional=True)
+    count = device_count()
+    if not 0 <= index < count:
+        raise RuntimeError(f"openreg device index {index} is out of range: there are {count} devices")
+    return _DeviceProperties(f"OpenReg Simulated Device {index}", index, 1, 0)
+
+
+def get_device_name(device: Any = None) -> str:
+    return get_device_properties(device).name
+
+
+class device:
+    """Context manager that makes ``device`` current, restoring the previous one on exit."""
+
+    def __init__(self, device: Any):
+        self.idx = -1 if device is None else _device_index(device, optional=True)
+        self.prev_idx = -1
+
+    def __enter__(self):
+        if self.idx >= 0:
+            self.prev_idx = _C._exchange_device(self.idx)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.prev_idx >= 0:
+            _C._set_device(self.prev_idx)
+
+
+class device_of(device):
+    """Context manager that makes the device of tensor ``obj`` current (no-op for CPU tensors)."""
+
+    def __init__(self, obj: torch.Tensor):
+        super().__init__(obj.get_device() if obj.device.type == _DEVICE_TYPE else None)

@@ -1,0 +1,104 @@
+"""Streams and events: ``torch.openreg.Stream`` / ``Event`` are PyTorch's
+generic ``torch.Stream`` / ``torch.Event`` bound to openreg, so their methods
+go through the registered device guard into the Rust runtime."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._device import _DEVICE_TYPE, _device_index
+
+
+class Stream(torch.Stream):
+    """An openreg stream taken from the device's pool (round-robin, like CUDA).
+
+    ``priority`` 0 is normal, -1 high; other values are clamped.
+    """
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> "Stream":
+        if "stream_id" in kwargs:  # wrapping an existing stream
+            return super().__new__(cls, **kwargs)
+        index = _device_index(device, optional=True)
+        return super().__new__(cls, device=torch.device(_DEVICE_TYPE, index), priority=priority)
+
+    @classmethod
+    def _wrap(cls, s: torch.Stream) -> "Stream":
+        return cls(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+
+
+class Event(torch.Event):
+    """An openreg event; ``enable_timing=True`` allows ``elapsed_time``."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> "Event":
+        return super().__new__(
+            cls,
+            device=_DEVICE_TYPE,
+            enable_timing=enable_timing,
+            blocking=blocking,
+            interprocess=interprocess,
+        )
+
+
+def current_stream(device: Any = None) -> Stream:
+    """This thread's current stream on ``device`` (default: current device)."""
+    return Stream._wrap(torch.accelerator.current_stream(torch.device(_DEVICE_TYPE, _device_index(device, optional=True))))
+
+
+def default_stream(device: Any = None) -> Stream:
+    """The default stream (id 0) of ``device`` (default: current device)."""
+    index = _device_index(device, optional=True)
+    count = torch.openreg.device_count()
+    if not 0 <= index < count:
+        raise RuntimeError(f"openreg device index {index} is out of range: there are {count} devices")
+    return Stream(stream_id=0, device_index=index, device_type=_PRIVATEUSE1_TYPE_CODE)
+
+
+def set_stream(stream: torch.Stream) -> None:
+    """Make ``stream`` current for its device on this thread (the current device is unchanged)."""
+    if stream is None:
+        return
+    if stream.device.type != _DEVICE_TYPE:
+        raise ValueError(f"expected an openreg stream, but got a stream of {stream.device}")
+    torch.accelerator.set_stream(stream)
+
+
+class StreamContext:
+    """Makes ``stream`` current (and its device current) inside a ``with`` block."""
+
+    def __init__(self, stream: torch.Stream | None):
+        self.stream = stream
+        self._saved: tuple[int, torch.Stream, torch.Stream] | None = None
+
+    def __enter__(self) -> torch.Stream | None:
+        if self.stream is None:
+            return None
+        prev_device = torch.openreg.current_device()
+        target_device = self.stream.device_index
+        # Like torch.cuda.StreamContext: remember the current streams of both
+        # the previous and the stream's device, restore both on exit.
+        prev_stream_on_prev = current_stream(prev_device)
+        torch.openreg.set_device(target_device)
+        prev_stream_on_target = current_stream(target_device)
+        set_stream(self.stream)
+        self._saved = (prev_device, prev_stream_on_prev, prev_stream_on_target)
+        return self.stream
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._saved is None:
+            return
+        prev_device, prev_stream_on_prev, prev_stream_on_target = self._saved
+        set_stream(prev_stream_on_target)
+        set_stream(prev_stream_on_prev)
+        torch.openreg.set_device(prev_device)
+        self._saved = None
+
+
+def stream(stream: torch.Stream | None) -> StreamContext:
+    """``with torch.openreg.stream(s):`` runs the block with ``s`` current."""
+    return StreamContext(stream)
+
+
+# torch.Stream stores its device type as the integer code of c10::DeviceType.
+_PRIVATEUSE1_TYPE_CODE = 20

@@ -1,0 +1,41 @@
+"""Builds the Rust library with cargo, ships it inside the package, and
+compiles the small `torch_openreg._C` extension against its C ABI.
+
+Build with `python3 -m pip install --no-build-isolation .` so that cargo's
+build script finds the torch that is installed (see build.rs).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+LIBRARY = "libtorch_openreg.so"
+CARGO_OUT = os.path.join(ROOT, "target", "release")
+
+
+class BuildWithCargo(build_ext):
+    def run(self):
+        env = dict(os.environ, PYTHON=sys.executable)
+        subprocess.run(["cargo", "build", "--release", "--lib"], cwd=ROOT, env=env, check=True)
+        package_dir = os.path.dirname(self.get_ext_fullpath("torch_openreg._C"))
+        lib_dir = os.path.join(package_dir, "lib")
+        os.makedirs(lib_dir, exist_ok=True)
+        shutil.copy2(os.path.join(CARGO_OUT, LIBRARY), os.path.join(lib_dir, LIBRARY))
+        super().run()
+
+
+extension = Extension(
+    "torch_openreg._C",
+    sources=["cpp/python/module.c"],
+    include_dirs=[os.path.join(ROOT, "include")],
+    library_dirs=[CARGO_OUT],
+    libraries=["torch_openreg"],
+    runtime_library_dirs=["$ORIGIN/lib"],
+)
+
+setup(ext_modules=[extension], cmdclass={"build_ext": BuildWithCargo})

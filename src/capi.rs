@@ -1,0 +1,285 @@
+//! The plain C ABI declared in `include/openreg.h`, in the style of a CUDA
+//! runtime header: every call returns an `orError_t`; the detailed message of
+//! this thread's last failure is kept for `orGetLastErrorMessage`.
+//!
+//! Nothing may unwind across `extern "C"`: every entry point runs inside
+//! `guarded`, which turns errors and panics into codes.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use once_cell::sync::Lazy;
+
+use crate::device;
+use crate::error::{Error, ErrorKind, Result};
+use crate::event::{handle, Event};
+use crate::options;
+use crate::stream::{self, StreamQueue, Task, HIGHEST_PRIORITY, LOWEST_PRIORITY};
+
+pub type OrError = c_int;
+pub const OR_SUCCESS: OrError = 0;
+/// `orEventCreate` flag: no timing (cheaper, like `cudaEventDisableTiming`).
+pub const OR_EVENT_DISABLE_TIMING: c_uint = 0x2;
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn guarded(f: impl FnOnce() -> Result<()>) -> OrError {
+    let err = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => return OR_SUCCESS,
+        Ok(Err(e)) => e,
+        Err(_) => Error::invalid_value("internal error: a runtime call panicked"),
+    };
+    let code = err.kind as OrError;
+    let message = CString::new(err.message.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|m| *m.borrow_mut() = message);
+    code
+}
+
+/// Writes `value` through an out-pointer, rejecting null.
+fn put<T>(out: *mut T, value: T) -> Result<()> {
+    // SAFETY: non-null out-pointers are the caller's writable storage.
+    match unsafe { out.as_mut() } {
+        Some(slot) => {
+            *slot = value;
+            Ok(())
+        }
+        None => Err(Error::invalid_value("a required output pointer is null")),
+    }
+}
+
+fn stream_arg(s: *const c_void) -> Result<&'static StreamQueue> {
+    // SAFETY: handles come from orStreamGet*; see `StreamQueue::from_handle`.
+    unsafe { StreamQueue::from_handle(s.cast()) }
+}
+
+fn event_arg(e: *const c_void) -> Result<Arc<Event>> {
+    // SAFETY: handles come from orEventCreate and live until orEventDestroy.
+    unsafe { handle::get(e.cast()) }
+}
+
+fn stream_handle(s: &'static StreamQueue) -> *mut c_void {
+    s as *const StreamQueue as *mut c_void
+}
+
+#[no_mangle]
+pub extern "C" fn orGetErrorString(error: OrError) -> *const c_char {
+    let text: &'static CStr = match error {
+        0 => c"no error",
+        1 => c"invalid device index",
+        2 => c"invalid value",
+        3 => c"invalid stream or event handle",
+        4 => c"not ready",
+        5 => c"used in a forked child of an initialized process",
+        6 => c"no openreg device is available",
+        _ => c"unknown error code",
+    };
+    text.as_ptr()
+}
+
+/// The detailed message of this thread's last failed call ("" if none).
+#[no_mangle]
+pub extern "C" fn orGetLastErrorMessage() -> *const c_char {
+    LAST_ERROR.with(|m| m.borrow().as_ptr())
+}
+
+#[no_mangle]
+pub extern "C" fn orGetDeviceCount(count: *mut c_int) -> OrError {
+    guarded(|| put(count, device::device_count() as c_int))
+}
+
+#[no_mangle]
+pub extern "C" fn orGetDevice(device: *mut c_int) -> OrError {
+    guarded(|| put(device, device::current_device() as c_int))
+}
+
+#[no_mangle]
+pub extern "C" fn orSetDevice(device: c_int) -> OrError {
+    guarded(|| device::set_device(device.into()))
+}
+
+#[no_mangle]
+pub extern "C" fn orDeviceSynchronize() -> OrError {
+    guarded(|| device::synchronize_device(device::current_device().into()))
+}
+
+#[no_mangle]
+pub extern "C" fn orInit() -> OrError {
+    guarded(device::init)
+}
+
+#[no_mangle]
+pub extern "C" fn orIsInitialized() -> c_int {
+    device::is_initialized() as c_int
+}
+
+#[no_mangle]
+pub extern "C" fn orIsInBadFork() -> c_int {
+    device::is_in_bad_fork() as c_int
+}
+
+#[no_mangle]
+pub extern "C" fn orDeviceHasPrimaryContext(device: c_int, has: *mut c_int) -> OrError {
+    guarded(|| put(has, device::has_primary_context(device.into())? as c_int))
+}
+
+/// How many of `device`'s streams currently have a worker thread.
+#[no_mangle]
+pub extern "C" fn orDeviceGetLiveWorkerCount(device: c_int, count: *mut c_int) -> OrError {
+    guarded(|| {
+        let live = match device::has_primary_context(device.into())? {
+            true => device::context(device.into())?.streams.live_workers(),
+            false => 0,
+        };
+        put(count, live as c_int)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn orDeviceGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) -> OrError {
+    guarded(|| {
+        put(least, LOWEST_PRIORITY)?;
+        put(greatest, HIGHEST_PRIORITY)
+    })
+}
+
+/// This thread's current stream of `device` (-1: the current device).
+#[no_mangle]
+pub extern "C" fn orStreamGetCurrent(device: c_int, stream: *mut *mut c_void) -> OrError {
+    guarded(|| {
+        let index = device::check_index(device::resolve(device.into()))?;
+        put(stream, stream_handle(stream::lookup(index.into(), stream::current_stream_id(index))?))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn orStreamGetDefault(device: c_int, stream: *mut *mut c_void) -> OrError {
+    guarded(|| put(stream, stream_handle(stream::lookup(device.into(), stream::DEFAULT_STREAM_ID)?)))
+}
+
+#[no_mangle]
+pub extern "C" fn orStreamGetFromPool(device: c_int, priority: c_int, stream: *mut *mut c_void) -> OrError {
+    guarded(|| {
+        let ctx = device::context(device::resolve(device.into()))?;
+        put(stream, stream_handle(ctx.streams.from_pool(priority)))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn orStreamGetId(stream: *const c_void, device: *mut c_int, id: *mut i64) -> OrError {
+    guarded(|| {
+        let s = stream_arg(stream)?;
+        put(device, s.device() as c_int)?;
+        put(id, s.id())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn orStreamGetPriority(stream: *const c_void, priority: *mut c_int) -> OrError {
+    guarded(|| put(priority, stream_arg(stream)?.priority()))
+}
+
+/// `orSuccess` if all work on the stream has finished, else `orErrorNotReady`.
+#[no_mangle]
+pub extern "C" fn orStreamQuery(stream: *const c_void) -> OrError {
+    guarded(|| match stream_arg(stream)?.query() {
+        true => Ok(()),
+        false => Err(Error::new(ErrorKind::NotReady, "the stream has unfinished work")),
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn orStreamSynchronize(stream: *const c_void) -> OrError {
+    guarded(|| stream_arg(stream)?.synchronize())
+}
+
+/// A host callback queued on a stream, like `cudaLaunchHostFunc`.
+pub type HostFn = extern "C" fn(user_data: *mut c_void);
+
+struct SendPtr(*mut c_void);
+// SAFETY: the pointer is the caller's opaque user data, handed back to the
+// caller's own function; like cudaLaunchHostFunc, the caller is responsible
+// for it being usable from the stream's worker thread.
+unsafe impl Send for SendPtr {}
+
+/// Runs `func(user_data)` on the stream's worker, in stream order.
+#[no_mangle]
+pub extern "C" fn orLaunchHostFunc(stream: *const c_void, func: Option<HostFn>, user_data: *mut c_void) -> OrError {
+    guarded(|| {
+        let s = stream_arg(stream)?;
+        let func = func.ok_or_else(|| Error::invalid_value("orLaunchHostFunc: the host function is null"))?;
+        let data = SendPtr(user_data);
+        s.submit(Task::Run(Box::new(move || {
+            let data = data;
+            func(data.0)
+        })))
+        .map(drop)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn orStreamWaitEvent(stream: *const c_void, event: *const c_void) -> OrError {
+    guarded(|| event_arg(event)?.block(stream_arg(stream)?))
+}
+
+/// A new event of the current device; `flags` may hold `orEventDisableTiming`.
+#[no_mangle]
+pub extern "C" fn orEventCreate(event: *mut *mut c_void, flags: c_uint) -> OrError {
+    guarded(|| {
+        let timing = flags & OR_EVENT_DISABLE_TIMING == 0;
+        let created = Event::new(device::current_device().into(), timing)?;
+        put(event, handle::into_raw(created) as *mut c_void)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn orEventRecord(event: *const c_void, stream: *const c_void) -> OrError {
+    guarded(|| event_arg(event)?.record(stream_arg(stream)?))
+}
+
+/// `orSuccess` if the event's current version is complete (or it was never
+/// recorded), else `orErrorNotReady`.
+#[no_mangle]
+pub extern "C" fn orEventQuery(event: *const c_void) -> OrError {
+    guarded(|| match event_arg(event)?.query() {
+        true => Ok(()),
+        false => Err(Error::new(ErrorKind::NotReady, "the event has not completed")),
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn orEventSynchronize(event: *const c_void) -> OrError {
+    guarded(|| event_arg(event)?.synchronize())
+}
+
+#[no_mangle]
+pub extern "C" fn orEventElapsedTime(ms: *mut f32, start: *const c_void, end: *const c_void) -> OrError {
+    guarded(|| put(ms, Event::elapsed_ms(&*event_arg(start)?, &*event_arg(end)?)? as f32))
+}
+
+#[no_mangle]
+pub extern "C" fn orEventDestroy(event: *mut c_void) -> OrError {
+    guarded(|| {
+        // SAFETY: the caller passes a handle from orEventCreate, once.
+        unsafe { handle::release(event.cast()) };
+        Ok(())
+    })
+}
+
+static OPTIONS_TEXT: Lazy<CString> = Lazy::new(|| {
+    let text: String = options::get()
+        .entries()
+        .iter()
+        .map(|e| format!("{}\t{}\t{}\n", e.name, e.value, e.help))
+        .collect();
+    CString::new(text).unwrap_or_default()
+});
+
+/// The options in force, one per line: `NAME<TAB>value<TAB>meaning`.
+#[no_mangle]
+pub extern "C" fn orGetOptions() -> *const c_char {
+    OPTIONS_TEXT.as_ptr()
+}

@@ -1,0 +1,200 @@
+//! Devices: how many there are, which one is current on this thread, and
+//! their lazily created contexts.
+//!
+//! Note [Current device]: the current device is a per-thread `Cell`, so
+//! reading or exchanging it takes no lock, allocation or syscall. Setting the
+//! device that is already current changes nothing (and creates no context),
+//! which keeps `c10::DeviceGuard` round trips to the same device free.
+//!
+//! Note [Contexts]: a device's context (its streams) is created on first use
+//! of a resource of that device — a stream operation, an event record, a
+//! synchronize — not by making the device current. `has_primary_context`
+//! reports whether that happened, and never creates one itself.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::options::{self, MAX_DEVICES};
+use crate::stream::DeviceStreams;
+
+pub type DeviceIndex = i8;
+
+/// Fixed facts about one simulated device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceProperties {
+    pub name: String,
+    pub index: DeviceIndex,
+    pub major: i32,
+    pub minor: i32,
+    pub multi_processor_count: i32,
+    /// Quantized dtypes have no kernels here; `getDeviceCapability` says so.
+    pub supports_quantized: bool,
+}
+
+/// What exists once a device has been used: today its streams.
+pub struct DeviceContext {
+    pub index: DeviceIndex,
+    pub streams: DeviceStreams,
+}
+
+thread_local! {
+    static CURRENT_DEVICE: Cell<DeviceIndex> = const { Cell::new(0) };
+}
+
+static CONTEXTS: [OnceLock<DeviceContext>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+static INITIALIZED: AtomicBool = AtomicBool::new(false);
+static IN_BAD_FORK: AtomicBool = AtomicBool::new(false);
+
+/// The number of devices; never fails (0 when misconfigured).
+#[inline]
+pub fn device_count() -> usize {
+    options::get().device_count
+}
+
+/// Checks that `index` names an existing device.
+#[inline]
+pub fn check_index(index: i64) -> Result<DeviceIndex> {
+    let count = device_count();
+    if index >= 0 && (index as usize) < count {
+        Ok(index as DeviceIndex)
+    } else {
+        Err(invalid_device(index, count))
+    }
+}
+
+#[cold]
+fn invalid_device(index: i64, count: usize) -> Error {
+    if count == 0 {
+        Error::new(ErrorKind::NoDevice, format!("openreg device index {index} is invalid: no openreg devices are available (OPENREG_DEVICE_COUNT)"))
+    } else {
+        Error::new(
+            ErrorKind::InvalidDevice,
+            format!("openreg device index {index} is out of range: there are {count} devices (valid indices 0..{})", count - 1),
+        )
+    }
+}
+
+/// This thread's current device. A thread starts on device 0.
+#[inline]
+pub fn current_device() -> DeviceIndex {
+    CURRENT_DEVICE.with(Cell::get)
+}
+
+/// `index`, or this thread's current device when `index` is -1 (PyTorch's
+/// "no index" convention). Not validated: callers check it.
+#[inline]
+pub fn resolve(index: i64) -> i64 {
+    if index == -1 {
+        current_device() as i64
+    } else {
+        index
+    }
+}
+
+/// Makes `index` current on this thread after checking it.
+#[inline]
+pub fn set_device(index: i64) -> Result<()> {
+    let index = check_index(index)?;
+    CURRENT_DEVICE.with(|c| c.set(index));
+    Ok(())
+}
+
+/// Makes `index` current and returns the previous current device.
+#[inline]
+pub fn exchange_device(index: i64) -> Result<DeviceIndex> {
+    let index = check_index(index)?;
+    Ok(CURRENT_DEVICE.with(|c| c.replace(index)))
+}
+
+/// For `noexcept` callers: an invalid index leaves the device unchanged and
+/// warns once instead of failing.
+pub fn unchecked_set_device(index: i64) {
+    match check_index(index) {
+        Ok(index) => CURRENT_DEVICE.with(|c| c.set(index)),
+        Err(e) => crate::error::warn_once(&format!("uncheckedSetDevice ignored: {e}")),
+    }
+}
+
+/// Marks the runtime initialized (idempotent). Checks the fork state, so a
+/// forked child of an initialized parent is told, not left to hang.
+pub fn init() -> Result<()> {
+    check_not_in_bad_fork()?;
+    if !INITIALIZED.swap(true, Ordering::AcqRel) {
+        crate::lifecycle::on_first_init();
+    }
+    Ok(())
+}
+
+pub fn is_initialized() -> bool {
+    INITIALIZED.load(Ordering::Acquire)
+}
+
+#[inline]
+pub fn check_not_in_bad_fork() -> Result<()> {
+    if IN_BAD_FORK.load(Ordering::Relaxed) {
+        return Err(Error::new(
+            ErrorKind::BadFork,
+            "openreg cannot be used in a forked subprocess after the parent initialized it; \
+             use the 'spawn' start method for multiprocessing",
+        ));
+    }
+    Ok(())
+}
+
+pub fn is_in_bad_fork() -> bool {
+    IN_BAD_FORK.load(Ordering::Relaxed)
+}
+
+/// Called in a fork child: the parent's worker threads do not exist here.
+pub(crate) fn mark_forked_child() {
+    if is_initialized() {
+        IN_BAD_FORK.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The context of `index`, created on first use. See Note [Contexts].
+#[inline]
+pub fn context(index: i64) -> Result<&'static DeviceContext> {
+    let index = check_index(index)?;
+    check_not_in_bad_fork()?;
+    if let Some(ctx) = CONTEXTS[index as usize].get() {
+        return Ok(ctx);
+    }
+    create_context(index)
+}
+
+#[cold]
+fn create_context(index: DeviceIndex) -> Result<&'static DeviceContext> {
+    init()?;
+    Ok(CONTEXTS[index as usize].get_or_init(|| DeviceContext { index, streams: DeviceStreams::new(index) }))
+}
+
+/// Whether device `index`'s context exists; never creates it.
+pub fn has_primary_context(index: i64) -> Result<bool> {
+    let index = check_index(index)?;
+    Ok(CONTEXTS[index as usize].get().is_some())
+}
+
+/// Every context created so far (for whole-runtime operations like shutdown).
+pub fn existing_contexts() -> impl Iterator<Item = &'static DeviceContext> {
+    CONTEXTS.iter().filter_map(OnceLock::get)
+}
+
+pub fn properties(index: i64) -> Result<DeviceProperties> {
+    let index = check_index(index)?;
+    Ok(DeviceProperties {
+        name: format!("OpenReg Simulated Device {index}"),
+        index,
+        major: 1,
+        minor: 0,
+        multi_processor_count: std::thread::available_parallelism().map_or(1, |n| n.get() as i32),
+        supports_quantized: false,
+    })
+}
+
+/// Waits for every stream of device `index`.
+pub fn synchronize_device(index: i64) -> Result<()> {
+    context(index)?.streams.synchronize_all()
+}

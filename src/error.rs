@@ -1,0 +1,60 @@
+//! The runtime's error type and its one-time warnings.
+//!
+//! Every message names what was wrong (device index and count, stream, event)
+//! so it can be shown to a Python or C++ user unchanged.
+
+use std::collections::HashSet;
+use std::fmt;
+
+use parking_lot::Mutex;
+
+/// The runtime's error codes. They double as the C ABI's `orError_t`
+/// (see `include/openreg.h`), so their numbers are part of the ABI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum ErrorKind {
+    InvalidDevice = 1,
+    InvalidValue = 2,
+    InvalidHandle = 3,
+    NotReady = 4,
+    BadFork = 5,
+    NoDevice = 6,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+        Error { kind, message: message.into() }
+    }
+
+    pub fn invalid_value(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::InvalidValue, message)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+static WARNED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+/// Emits `message` once per process through PyTorch's warning handler
+/// (`TORCH_WARN`, a Python `UserWarning` when called from Python).
+/// Used on paths that must not fail (`noexcept` guard methods, option parsing).
+pub fn warn_once(message: &str) {
+    let first = WARNED.lock().get_or_insert_with(HashSet::new).insert(message.to_string());
+    if first {
+        crate::ffi::emit_warning(&format!("openreg: {message}"));
+    }
+}

@@ -1,0 +1,35 @@
+//! torch_openreg: a simulated accelerator for PyTorch's PrivateUse1 backend.
+//!
+//! The runtime (devices, streams, events, lifecycle, options) lives in these
+//! modules and knows nothing of PyTorch. `ffi` is the one bridge the C++ shim
+//! in `cpp/` calls through; `capi` is the plain C ABI of `include/openreg.h`.
+
+pub mod capi;
+pub mod device;
+pub mod error;
+pub mod event;
+mod ffi;
+pub mod lifecycle;
+pub mod options;
+pub mod stream;
+
+/// Registers the backend with PyTorch when the shared library is loaded, by
+/// whatever way in (Python import, `ctypes`/`torch.ops.load_library`, a
+/// libtorch program linking it). Calling the C++ registration from Rust also
+/// keeps its object file in the link: a static registrar that nothing
+/// references would be dropped by the linker, and nothing would register.
+#[used]
+#[link_section = ".init_array"]
+static REGISTER_ON_LOAD: extern "C" fn() = register_on_load;
+
+extern "C" fn register_on_load() {
+    // Nothing may unwind out of a load-time constructor.
+    if let Err(e) = ffi::register_backend() {
+        eprintln!("torch_openreg: registering the openreg backend with PyTorch failed: {e}");
+    }
+}
+
+/// Whether the load-time registration ran and succeeded (checked by tests).
+pub fn backend_registered() -> bool {
+    ffi::backend_registered()
+}

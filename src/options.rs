@@ -1,0 +1,145 @@
+//! Every runtime knob, read once from `OPENREG_*` environment variables.
+//!
+//! This is the only place that reads the environment. Values are parsed on
+//! first use and then frozen for the life of the process; an invalid value is
+//! never fatal: it falls back as documented and warns once.
+
+use once_cell::sync::Lazy;
+
+use crate::error::warn_once;
+
+/// The most devices the runtime will simulate. Bounded so that per-thread
+/// state can be fixed-size arrays (see `device.rs`).
+pub const MAX_DEVICES: usize = 16;
+
+/// Devices simulated when `OPENREG_DEVICE_COUNT` is unset.
+pub const DEFAULT_DEVICE_COUNT: usize = 2;
+
+/// The frozen option set. See the README's "Options" table.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `OPENREG_DEVICE_COUNT`: number of devices, 0..=MAX_DEVICES. Invalid → 0.
+    pub device_count: usize,
+    /// `OPENREG_LAUNCH_BLOCKING=1`: every launch waits for its stream.
+    pub launch_blocking: bool,
+    /// `OPENREG_WORKER_IDLE_MS`: how long an idle stream worker lingers before
+    /// its thread exits (the next launch starts a new one).
+    pub worker_idle_ms: u64,
+}
+
+/// One option's name, value and meaning, as shown to Python users.
+pub struct OptionEntry {
+    pub name: &'static str,
+    pub value: String,
+    pub help: &'static str,
+}
+
+static OPTIONS: Lazy<Options> = Lazy::new(|| Options::from_lookup(|k| std::env::var(k).ok()));
+
+/// The process-wide options.
+#[inline]
+pub fn get() -> &'static Options {
+    &OPTIONS
+}
+
+impl Options {
+    /// Parses options from any key lookup; `get()` uses the environment.
+    /// Separate so tests can parse values without touching the process env.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Options {
+        Options {
+            device_count: parse_device_count(lookup("OPENREG_DEVICE_COUNT")),
+            launch_blocking: parse_flag("OPENREG_LAUNCH_BLOCKING", lookup("OPENREG_LAUNCH_BLOCKING")),
+            worker_idle_ms: parse_u64("OPENREG_WORKER_IDLE_MS", lookup("OPENREG_WORKER_IDLE_MS"), 1000),
+        }
+    }
+
+    pub fn entries(&self) -> Vec<OptionEntry> {
+        vec![
+            OptionEntry {
+                name: "OPENREG_DEVICE_COUNT",
+                value: self.device_count.to_string(),
+                help: "number of simulated devices (0..=16, default 2; invalid means 0)",
+            },
+            OptionEntry {
+                name: "OPENREG_LAUNCH_BLOCKING",
+                value: (self.launch_blocking as u8).to_string(),
+                help: "1: every launch waits for its stream to finish (debugging)",
+            },
+            OptionEntry {
+                name: "OPENREG_WORKER_IDLE_MS",
+                value: self.worker_idle_ms.to_string(),
+                help: "milliseconds an idle stream worker thread lingers before exiting",
+            },
+        ]
+    }
+}
+
+fn parse_device_count(raw: Option<String>) -> usize {
+    let Some(raw) = raw else { return DEFAULT_DEVICE_COUNT };
+    match raw.trim().parse::<usize>() {
+        Ok(n) if n <= MAX_DEVICES => n,
+        _ => {
+            warn_once(&format!(
+                "OPENREG_DEVICE_COUNT={raw:?} is invalid (expected an integer from 0 to {MAX_DEVICES}); \
+                 openreg reports 0 devices"
+            ));
+            0
+        }
+    }
+}
+
+fn parse_flag(name: &str, raw: Option<String>) -> bool {
+    match raw.as_deref().map(str::trim) {
+        None | Some("") | Some("0") => false,
+        Some("1") => true,
+        Some(other) => {
+            warn_once(&format!("{name}={other:?} is invalid (expected 0 or 1); using 0"));
+            false
+        }
+    }
+}
+
+fn parse_u64(name: &str, raw: Option<String>, default: u64) -> u64 {
+    match raw.as_deref().map(str::trim) {
+        None | Some("") => default,
+        Some(s) => s.parse().unwrap_or_else(|_| {
+            warn_once(&format!("{name}={s:?} is invalid (expected a non-negative integer); using {default}"));
+            default
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(pairs: &[(&str, &str)]) -> Options {
+        let pairs: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Options::from_lookup(|k| pairs.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn defaults() {
+        let o = parse(&[]);
+        assert_eq!(o.device_count, DEFAULT_DEVICE_COUNT);
+        assert!(!o.launch_blocking);
+        assert_eq!(o.worker_idle_ms, 1000);
+    }
+
+    #[test]
+    fn device_count_values() {
+        assert_eq!(parse(&[("OPENREG_DEVICE_COUNT", "4")]).device_count, 4);
+        assert_eq!(parse(&[("OPENREG_DEVICE_COUNT", " 0 ")]).device_count, 0);
+        for bad in ["-1", "two", "", "17", "1e3"] {
+            assert_eq!(parse(&[("OPENREG_DEVICE_COUNT", bad)]).device_count, 0, "value {bad:?}");
+        }
+    }
+
+    #[test]
+    fn flags() {
+        assert!(parse(&[("OPENREG_LAUNCH_BLOCKING", "1")]).launch_blocking);
+        assert!(!parse(&[("OPENREG_LAUNCH_BLOCKING", "yes")]).launch_blocking);
+        assert_eq!(parse(&[("OPENREG_WORKER_IDLE_MS", "5")]).worker_idle_ms, 5);
+        assert_eq!(parse(&[("OPENREG_WORKER_IDLE_MS", "x")]).worker_idle_ms, 1000);
+    }
+}

@@ -1,0 +1,370 @@
+//! Streams: in-order work queues, each executed by its own lazily started
+//! worker thread, so different streams run concurrently.
+//!
+//! Note [StreamId assignment]: a stream is the value `(device, id)`.
+//! Id 0 is the device's default stream. Pool streams have ids
+//! `1 + level * STREAMS_PER_POOL + slot`, where `level` 0 holds the normal
+//! priority (0) and level 1 the high priority (-1), and `slot` is handed out
+//! round-robin. Ids outside that range name no stream and are rejected.
+//!
+//! Note [Stream progress]: every submitted task gets the next sequence number
+//! (`submitted`); the worker bumps `completed` only after the task has run.
+//! Hence "all work finished" is exactly `completed == submitted`, even while
+//! the last task is executing with an empty queue. Both counters only move
+//! under the queue's mutex, and every waiter re-checks them under that mutex
+//! before sleeping on `progress`; the worker notifies `progress` after each
+//! bump, so no wake-up can be lost.
+//!
+//! Note [Idle workers]: a stream's worker thread is spawned by the first
+//! submission and exits after `OPENREG_WORKER_IDLE_MS` with nothing to do, so a
+//! process that touched a hundred streams keeps no hundred idle threads, and
+//! an idle worker sleeps on a condition variable at no CPU cost.
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use std::cell::Cell;
+
+use crate::device::DeviceIndex;
+use crate::error::{Error, ErrorKind, Result};
+use crate::event::Event;
+use crate::options::{self, MAX_DEVICES};
+
+pub type StreamId = i64;
+
+pub const DEFAULT_STREAM_ID: StreamId = 0;
+pub const STREAMS_PER_POOL: usize = 32;
+/// Priorities follow CUDA: a lower number is a higher priority.
+pub const LOWEST_PRIORITY: i32 = 0;
+pub const HIGHEST_PRIORITY: i32 = -1;
+const PRIORITY_LEVELS: usize = (LOWEST_PRIORITY - HIGHEST_PRIORITY) as usize + 1;
+const STREAMS_PER_DEVICE: usize = 1 + PRIORITY_LEVELS * STREAMS_PER_POOL;
+
+/// A marker that lets the C ABI reject pointers that are not streams.
+const STREAM_MAGIC: u64 = 0x6f70_656e_7265_6753; // "openregS"
+
+/// One unit of work on a stream.
+pub enum Task {
+    /// Host code run by the stream's worker (a kernel, a host function).
+    Run(Box<dyn FnOnce() + Send>),
+    /// Block this stream until `stream` has completed `seq` tasks (event wait).
+    WaitFor { stream: &'static StreamQueue, seq: u64 },
+    /// Stamp the time this point of the stream is reached (timing events).
+    Timestamp { event: Arc<Event>, version: u64 },
+}
+
+struct QueueState {
+    tasks: VecDeque<Task>,
+    submitted: u64,
+    completed: u64,
+    worker_running: bool,
+    shutting_down: bool,
+    /// A task that panicked; reported by the next `synchronize`.
+    deferred_error: Option<Error>,
+}
+
+/// A stream's queue and its worker's state. Lives for the whole process.
+pub struct StreamQueue {
+    magic: u64,
+    device: DeviceIndex,
+    id: StreamId,
+    state: Mutex<QueueState>,
+    /// Signalled when a task is queued or shutdown starts (the worker waits).
+    work_available: Condvar,
+    /// Signalled when `completed` moves or the worker exits (waiters wait).
+    progress: Condvar,
+}
+
+impl StreamQueue {
+    fn new(device: DeviceIndex, id: StreamId) -> StreamQueue {
+        StreamQueue {
+            magic: STREAM_MAGIC,
+            device,
+            id,
+            state: Mutex::new(QueueState {
+                tasks: VecDeque::new(),
+                submitted: 0,
+                completed: 0,
+                worker_running: false,
+                shutting_down: false,
+                deferred_error: None,
+            }),
+            work_available: Condvar::new(),
+            progress: Condvar::new(),
+        }
+    }
+
+    pub fn device(&self) -> DeviceIndex {
+        self.device
+    }
+
+    pub fn id(&self) -> StreamId {
+        self.id
+    }
+
+    pub fn priority(&self) -> i32 {
+        if self.id == DEFAULT_STREAM_ID {
+            LOWEST_PRIORITY
+        } else {
+            LOWEST_PRIORITY - ((self.id - 1) as usize / STREAMS_PER_POOL) as i32
+        }
+    }
+
+    /// Whether `ptr` points at a live stream (the C ABI's handle check).
+    ///
+    /// # Safety
+    /// `ptr` must be null or point to readable memory of at least the size of
+    /// a `StreamQueue`; handles we gave out always do.
+    pub unsafe fn from_handle(ptr: *const StreamQueue) -> Result<&'static StreamQueue> {
+        // SAFETY: the caller guarantees readability; streams are never freed.
+        match unsafe { ptr.as_ref() } {
+            Some(q) if q.magic == STREAM_MAGIC => Ok(q),
+            _ => Err(Error::new(ErrorKind::InvalidHandle, format!("{ptr:p} is not an openreg stream handle"))),
+        }
+    }
+
+    /// Queues `task`; returns its sequence number. See Note [Stream progress].
+    pub fn submit(&'static self, task: Task) -> Result<u64> {
+        let seq = {
+            let mut st = self.state.lock();
+            if st.shutting_down {
+                return Err(Error::invalid_value(format!("{self} is shut down: the runtime is finalizing")));
+            }
+            st.submitted += 1;
+            st.tasks.push_back(task);
+            if st.worker_running {
+                self.work_available.notify_one();
+            } else {
+                self.spawn_worker(&mut st)?;
+            }
+            st.submitted
+        };
+        if options::get().launch_blocking {
+            self.wait_for(seq, true)?;
+        }
+        Ok(seq)
+    }
+
+    #[cold]
+    fn spawn_worker(&'static self, st: &mut QueueState) -> Result<()> {
+        let spawned = std::thread::Builder::new()
+            .name(format!("openreg-d{}-s{}", self.device, self.id))
+            .spawn(move || self.worker_loop());
+        match spawned {
+            Ok(_) => {
+                st.worker_running = true;
+                Ok(())
+            }
+            Err(e) => {
+                st.tasks.pop_back();
+                st.submitted -= 1;
+                Err(Error::invalid_value(format!("{self}: cannot start its worker thread: {e}")))
+            }
+        }
+    }
+
+    fn worker_loop(&'static self) {
+        let idle = Duration::from_millis(options::get().worker_idle_ms);
+        let mut st = self.state.lock();
+        loop {
+            if let Some(task) = st.tasks.pop_front() {
+                drop(st);
+                let outcome = catch_unwind(AssertUnwindSafe(|| run(task)));
+                st = self.state.lock();
+                if let Err(panic) = outcome {
+                    st.deferred_error.get_or_insert_with(|| task_failed(self, panic));
+                }
+                st.completed += 1;
+                self.progress.notify_all();
+                continue;
+            }
+            if st.shutting_down || self.work_available.wait_for(&mut st, idle).timed_out() && st.tasks.is_empty() {
+                st.worker_running = false;
+                self.progress.notify_all();
+                return;
+            }
+        }
+    }
+
+    /// True when every submitted task has finished running.
+    pub fn query(&self) -> bool {
+        let st = self.state.lock();
+        st.completed == st.submitted
+    }
+
+    /// Waits for everything submitted so far; reports a failed task once.
+    pub fn synchronize(&self) -> Result<()> {
+        let target = self.state.lock().submitted;
+        self.wait_for(target, true)
+    }
+
+    /// Waits until `seq` tasks have completed. With `take_error`, a parked
+    /// task failure is returned (once) instead of `Ok`.
+    pub fn wait_for(&self, seq: u64, take_error: bool) -> Result<()> {
+        let mut st = self.state.lock();
+        while st.completed < seq {
+            self.progress.wait(&mut st);
+        }
+        match st.deferred_error.take() {
+            Some(e) if take_error => Err(e),
+            parked => {
+                st.deferred_error = parked;
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether the first `seq` tasks have completed.
+    pub fn has_completed(&self, seq: u64) -> bool {
+        self.state.lock().completed >= seq
+    }
+
+    /// Marks "this point" of the stream for an event: returns the sequence
+    /// number the stream must complete to pass it. For a timing marker, an
+    /// idle stream has already reached it, so its time is returned for the
+    /// caller to store; a busy stream gets a task that stamps `event` when
+    /// the worker gets there. (Returning the time instead of stamping here
+    /// lets the caller hold the event's lock.)
+    pub(crate) fn mark(&'static self, timestamp: Option<(Arc<Event>, u64)>) -> Result<(u64, Option<Instant>)> {
+        let st = self.state.lock();
+        match timestamp {
+            Some((event, version)) if st.completed != st.submitted => {
+                drop(st);
+                Ok((self.submit(Task::Timestamp { event, version })?, None))
+            }
+            Some(_) => Ok((st.submitted, Some(Instant::now()))),
+            None => Ok((st.submitted, None)),
+        }
+    }
+
+    /// Drains the queue and stops the worker (runtime finalization).
+    pub(crate) fn shut_down(&self) {
+        let mut st = self.state.lock();
+        st.shutting_down = true;
+        self.work_available.notify_all();
+        while st.worker_running {
+            self.progress.wait(&mut st);
+        }
+    }
+}
+
+impl std::fmt::Display for StreamQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "openreg stream {} on device {}", self.id, self.device)
+    }
+}
+
+fn run(task: Task) {
+    match task {
+        Task::Run(f) => f(),
+        // Waiting on a parked error is fine: the error belongs to that stream.
+        Task::WaitFor { stream, seq } => {
+            let _ = stream.wait_for(seq, false);
+        }
+        Task::Timestamp { event, version } => event.stamp(version, Instant::now()),
+    }
+}
+
+#[cold]
+fn task_failed(stream: &StreamQueue, panic: Box<dyn std::any::Any + Send>) -> Error {
+    let what = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic");
+    Error::invalid_value(format!("a task on {stream} failed: {what}"))
+}
+
+/// The streams of one device: the default stream and the priority pools.
+pub struct DeviceStreams {
+    device: DeviceIndex,
+    streams: Box<[StreamQueue]>,
+    next_slot: [AtomicUsize; PRIORITY_LEVELS],
+}
+
+impl DeviceStreams {
+    pub fn new(device: DeviceIndex) -> DeviceStreams {
+        DeviceStreams {
+            device,
+            streams: (0..STREAMS_PER_DEVICE as StreamId).map(|id| StreamQueue::new(device, id)).collect(),
+            next_slot: [const { AtomicUsize::new(0) }; PRIORITY_LEVELS],
+        }
+    }
+
+    /// The stream with `id`, or an error naming the id and the device.
+    #[inline]
+    pub fn get(&'static self, id: StreamId) -> Result<&'static StreamQueue> {
+        check_stream_id(self.device, id)?;
+        Ok(&self.streams[id as usize])
+    }
+
+    /// The next pool stream of `priority` (clamped to the supported range),
+    /// handed out round-robin.
+    pub fn from_pool(&'static self, priority: i32) -> &'static StreamQueue {
+        let level = (LOWEST_PRIORITY - priority.clamp(HIGHEST_PRIORITY, LOWEST_PRIORITY)) as usize;
+        let slot = self.next_slot[level].fetch_add(1, Ordering::Relaxed) % STREAMS_PER_POOL;
+        &self.streams[1 + level * STREAMS_PER_POOL + slot]
+    }
+
+    pub fn synchronize_all(&self) -> Result<()> {
+        self.streams.iter().try_for_each(StreamQueue::synchronize)
+    }
+
+    pub(crate) fn shut_down_all(&self) {
+        self.streams.iter().for_each(StreamQueue::shut_down);
+    }
+
+    /// How many of this device's streams have a live worker thread.
+    pub fn live_workers(&self) -> usize {
+        self.streams.iter().filter(|s| s.state.lock().worker_running).count()
+    }
+}
+
+#[cold]
+fn invalid_stream(device: DeviceIndex, id: StreamId) -> Error {
+    Error::new(
+        ErrorKind::InvalidHandle,
+        format!("stream id {id} is not an openreg stream of device {device} (valid ids are 0..{})", STREAMS_PER_DEVICE - 1),
+    )
+}
+
+/// Validates a stream id without needing the device's context.
+pub fn check_stream_id(device: DeviceIndex, id: StreamId) -> Result<()> {
+    if (0..STREAMS_PER_DEVICE as StreamId).contains(&id) {
+        Ok(())
+    } else {
+        Err(invalid_stream(device, id))
+    }
+}
+
+thread_local! {
+    /// This thread's current stream id per device; every thread starts on
+    /// each device's default stream.
+    static CURRENT_STREAM: [Cell<StreamId>; MAX_DEVICES] = const { [const { Cell::new(DEFAULT_STREAM_ID) }; MAX_DEVICES] };
+}
+
+/// This thread's current stream id on `device` (an already checked index).
+#[inline]
+pub fn current_stream_id(device: DeviceIndex) -> StreamId {
+    CURRENT_STREAM.with(|c| c[device as usize].get())
+}
+
+/// Makes `(device, id)` current for `device` on this thread; returns the
+/// previous id. Does not change the current device.
+#[inline]
+pub fn exchange_current_stream(device: DeviceIndex, id: StreamId) -> Result<StreamId> {
+    check_stream_id(device, id)?;
+    Ok(CURRENT_STREAM.with(|c| c[device as usize].replace(id)))
+}
+
+/// The stream `(device, id)`, creating the device's context on first use.
+/// A device of -1 means this thread's current device.
+#[inline]
+pub fn lookup(device: i64, id: StreamId) -> Result<&'static StreamQueue> {
+    crate::device::context(crate::device::resolve(device))?.streams.get(id)
+}
