@@ -1,0 +1,228 @@
+//! Runtime tests in Rust, without PyTorch in the loop: devices, streams and
+//! events as the guard contract needs them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use torch_openreg::device;
+use torch_openreg::error::ErrorKind;
+use torch_openreg::event::Event;
+use torch_openreg::stream::{self, StreamQueue, Task};
+
+fn sleep_task(ms: u64) -> Task {
+    Task::Run(Box::new(move || thread::sleep(Duration::from_millis(ms))))
+}
+
+/// A pool stream for a test. Tests in this binary run in parallel and take
+/// far fewer than 32 streams each, so no two running tests share one; tests
+/// that cycle through whole pools live in their own binaries.
+fn fresh_stream(device: i64) -> &'static StreamQueue {
+    device::context(device).unwrap().streams.from_pool(0)
+}
+
+#[test]
+fn backend_registers_with_pytorch_at_load() {
+    assert!(torch_openreg::backend_registered());
+}
+
+#[test]
+fn device_count_defaults_to_two() {
+    assert_eq!(device::device_count(), 2);
+}
+
+#[test]
+fn current_device_is_per_thread() {
+    device::set_device(1).unwrap();
+    let other = thread::spawn(device::current_device).join().unwrap();
+    assert_eq!(other, 0, "a new thread starts on device 0");
+    assert_eq!(device::current_device(), 1);
+    assert_eq!(device::exchange_device(0).unwrap(), 1);
+    assert_eq!(device::current_device(), 0);
+}
+
+#[test]
+fn invalid_device_index_names_index_and_count() {
+    let err = device::set_device(7).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidDevice);
+    assert!(err.message.contains("index 7") && err.message.contains("2 devices"), "{}", err.message);
+    assert!(device::set_device(-1).is_err());
+    assert!(device::context(2).is_err());
+    // unchecked_set_device never fails: it keeps the current device.
+    device::set_device(1).unwrap();
+    device::unchecked_set_device(9);
+    assert_eq!(device::current_device(), 1);
+}
+
+#[test]
+fn query_is_false_until_the_running_task_finishes() {
+    let s = fresh_stream(0);
+    let t = Instant::now();
+    let started = Arc::new(AtomicBool::new(false));
+    let flag = started.clone();
+    s.submit(Task::Run(Box::new(move || {
+        flag.store(true, Ordering::SeqCst);
+        thread::sleep(Duration::from_millis(150));
+    })))
+    .unwrap();
+    while !started.load(Ordering::SeqCst) {
+        thread::yield_now();
+    }
+    // The queue is empty now, but the task still runs.
+    assert!(!s.query());
+    s.synchronize().unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(150), "synchronize returned before the task ended");
+    assert!(s.query());
+}
+
+#[test]
+fn a_stream_runs_its_work_in_order() {
+    let s = fresh_stream(0);
+    let log = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    for i in 0..50 {
+        let log = log.clone();
+        let pause = if i % 7 == 0 { 2 } else { 0 };
+        s.submit(Task::Run(Box::new(move || {
+            thread::sleep(Duration::from_millis(pause));
+            log.lock().push(i);
+        })))
+        .unwrap();
+    }
+    s.synchronize().unwrap();
+    assert_eq!(*log.lock(), (0..50).collect::<Vec<_>>());
+}
+
+#[test]
+fn different_streams_run_concurrently() {
+    let (a, b) = (fresh_stream(1), fresh_stream(1));
+    assert!(!std::ptr::eq(a, b));
+    let t = Instant::now();
+    a.submit(sleep_task(200)).unwrap();
+    b.submit(sleep_task(200)).unwrap();
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+    assert!(t.elapsed() < Duration::from_millis(380), "took {:?}", t.elapsed());
+}
+
+#[test]
+fn a_panicking_task_is_reported_by_the_next_synchronize() {
+    let s = fresh_stream(0);
+    s.submit(Task::Run(Box::new(|| panic!("kernel exploded")))).unwrap();
+    let err = s.synchronize().unwrap_err();
+    assert!(err.message.contains("kernel exploded"), "{}", err.message);
+    s.synchronize().unwrap();
+}
+
+#[test]
+fn never_recorded_event_is_complete() {
+    let e = Event::new(0, false).unwrap();
+    assert!(e.query());
+    e.synchronize().unwrap();
+    e.block(fresh_stream(0)).unwrap();
+}
+
+#[test]
+fn event_completes_when_its_stream_passes_it() {
+    let s = fresh_stream(0);
+    let e = Event::new(0, false).unwrap();
+    s.submit(sleep_task(100)).unwrap();
+    e.record(s).unwrap();
+    assert!(!e.query());
+    e.synchronize().unwrap();
+    assert!(e.query());
+}
+
+#[test]
+fn block_waits_for_the_version_current_at_the_call() {
+    let (a, b, c) = (fresh_stream(1), fresh_stream(1), fresh_stream(1));
+    let e = Event::new(1, false).unwrap();
+    let a_done = Arc::new(AtomicBool::new(false));
+    let flag = a_done.clone();
+    a.submit(Task::Run(Box::new(move || {
+        thread::sleep(Duration::from_millis(150));
+        flag.store(true, Ordering::SeqCst);
+    })))
+    .unwrap();
+    e.record(a).unwrap();
+    e.block(b).unwrap();
+    // Re-recording on an idle stream completes the new version at once, but
+    // must not release the wait queued before it.
+    e.record(c).unwrap();
+    assert!(e.query());
+    let seen = Arc::new(AtomicBool::new(false));
+    let (seen2, a_done2) = (seen.clone(), a_done.clone());
+    b.submit(Task::Run(Box::new(move || seen2.store(a_done2.load(Ordering::SeqCst), Ordering::SeqCst))))
+        .unwrap();
+    b.synchronize().unwrap();
+    assert!(seen.load(Ordering::SeqCst), "stream b ran before stream a reached the event");
+}
+
+#[test]
+fn elapsed_time_measures_between_timing_events() {
+    let s = fresh_stream(0);
+    let (start, end) = (Event::new(0, true).unwrap(), Event::new(0, true).unwrap());
+    start.record(s).unwrap();
+    s.submit(sleep_task(30)).unwrap();
+    end.record(s).unwrap();
+    assert_eq!(Event::elapsed_ms(&start, &end).unwrap_err().kind, ErrorKind::NotReady);
+    end.synchronize().unwrap();
+    let ms = Event::elapsed_ms(&start, &end).unwrap();
+    assert!((25.0..200.0).contains(&ms), "{ms} ms");
+}
+
+#[test]
+fn elapsed_time_rejects_non_timing_unrecorded_and_cross_device_events() {
+    let s = fresh_stream(0);
+    let plain = Event::new(0, false).unwrap();
+    let timed = Event::new(0, true).unwrap();
+    let unrecorded = Event::new(0, true).unwrap();
+    plain.record(s).unwrap();
+    timed.record(s).unwrap();
+    let err = Event::elapsed_ms(&plain, &timed).unwrap_err();
+    assert!(err.message.contains("enable_timing"), "{}", err.message);
+    let err = Event::elapsed_ms(&timed, &unrecorded).unwrap_err();
+    assert!(err.message.contains("not been recorded"), "{}", err.message);
+    let other = Event::new(1, true).unwrap();
+    other.record(fresh_stream(1)).unwrap();
+    assert!(Event::elapsed_ms(&timed, &other).is_err());
+}
+
+#[test]
+fn events_reject_streams_of_other_devices() {
+    let e = Event::new(0, false).unwrap();
+    let err = e.record(fresh_stream(1)).unwrap_err();
+    assert!(err.message.contains("device 0") && err.message.contains("device 1"), "{}", err.message);
+    e.record(fresh_stream(0)).unwrap();
+    let err = e.block(fresh_stream(1)).unwrap_err();
+    assert!(err.message.contains("device 0"), "{}", err.message);
+    assert!(Event::new(5, false).is_err());
+}
+
+#[test]
+fn synchronize_device_waits_for_every_stream() {
+    let (a, b) = (fresh_stream(1), fresh_stream(1));
+    a.submit(sleep_task(80)).unwrap();
+    b.submit(sleep_task(120)).unwrap();
+    device::synchronize_device(1).unwrap();
+    assert!(a.query() && b.query());
+}
+
+#[test]
+fn current_stream_is_per_thread_per_device() {
+    assert_eq!(stream::exchange_current_stream(1, 5).unwrap(), 0);
+    assert_eq!(stream::current_stream_id(1), 5);
+    assert_eq!(stream::current_stream_id(0), 0, "device 0 keeps its own current stream");
+    assert_eq!(thread::spawn(|| stream::current_stream_id(1)).join().unwrap(), 0);
+    assert!(stream::exchange_current_stream(1, 99).is_err());
+    stream::exchange_current_stream(1, 0).unwrap();
+}
+
+#[test]
+fn contexts_are_created_on_first_use() {
+    // Device 1 may already be in use by a parallel test; device-agnostic
+    // check: a context exists exactly after `context` was called.
+    device::context(0).unwrap();
+    assert!(device::has_primary_context(0).unwrap());
+    assert!(device::has_primary_context(3).is_err());
+}
