@@ -86,8 +86,9 @@ impl Event {
         }
         let target = self.state.lock().recorded.as_ref().map(|r| (r.stream, r.seq));
         match target {
-            // The same stream passes its own marker in order: nothing to wait for.
-            Some((source, seq)) if !std::ptr::eq(source, stream) => {
+            // Nothing to wait for when the stream passes its own marker in
+            // order, or when the marked point has already been reached.
+            Some((source, seq)) if !std::ptr::eq(source, stream) && !source.has_completed(seq) => {
                 stream.submit(Task::WaitFor { stream: source, seq }).map(drop)
             }
             _ => Ok(()),
