@@ -15,6 +15,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
+use crate::allocator::DeviceAllocator;
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::{self, MAX_DEVICES};
 use crate::stream::DeviceStreams;
@@ -33,10 +34,11 @@ pub struct DeviceProperties {
     pub supports_quantized: bool,
 }
 
-/// What exists once a device has been used: today its streams.
+/// What exists once a device has been used: its streams and its memory.
 pub struct DeviceContext {
     pub index: DeviceIndex,
     pub streams: DeviceStreams,
+    pub allocator: DeviceAllocator,
 }
 
 thread_local! {
@@ -168,7 +170,7 @@ pub fn context(index: i64) -> Result<&'static DeviceContext> {
 #[cold]
 fn create_context(index: DeviceIndex) -> Result<&'static DeviceContext> {
     init()?;
-    Ok(CONTEXTS[index as usize].get_or_init(|| DeviceContext { index, streams: DeviceStreams::new(index) }))
+    Ok(CONTEXTS[index as usize].get_or_init(|| DeviceContext { index, streams: DeviceStreams::new(index), allocator: DeviceAllocator::new(index) }))
 }
 
 /// Whether device `index`'s context exists; never creates it.

@@ -19,6 +19,7 @@ pub enum ErrorKind {
     NotReady = 4,
     BadFork = 5,
     NoDevice = 6,
+    OutOfMemory = 7,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

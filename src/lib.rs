@@ -4,12 +4,14 @@
 //! modules and knows nothing of PyTorch. `ffi` is the one bridge the C++ shim
 //! in `cpp/` calls through; `capi` is the plain C ABI of `include/openreg.h`.
 
+pub mod allocator;
 pub mod capi;
 pub mod device;
 pub mod error;
 pub mod event;
 mod ffi;
 pub mod lifecycle;
+pub mod memory;
 pub mod options;
 pub mod stream;
 

@@ -25,7 +25,15 @@ pub struct Options {
     /// `OPENREG_WORKER_IDLE_MS`: how long an idle stream worker lingers before
     /// its thread exits (the next launch starts a new one).
     pub worker_idle_ms: u64,
+    /// `OPENREG_DEVICE_MEMORY`: each device's capacity in bytes.
+    pub device_memory: usize,
+    /// `OPENREG_MEMORY_PROTECT=1`: device pages are inaccessible to host code
+    /// outside device operations. See Note [Memory protection].
+    pub memory_protect: bool,
 }
+
+/// Each device's capacity when `OPENREG_DEVICE_MEMORY` is unset.
+pub const DEFAULT_DEVICE_MEMORY: usize = 4 << 30;
 
 /// One option's name, value and meaning, as shown to Python users.
 pub struct OptionEntry {
@@ -50,6 +58,8 @@ impl Options {
             device_count: parse_device_count(lookup("OPENREG_DEVICE_COUNT")),
             launch_blocking: parse_flag("OPENREG_LAUNCH_BLOCKING", lookup("OPENREG_LAUNCH_BLOCKING")),
             worker_idle_ms: parse_u64("OPENREG_WORKER_IDLE_MS", lookup("OPENREG_WORKER_IDLE_MS"), 1000),
+            device_memory: parse_size("OPENREG_DEVICE_MEMORY", lookup("OPENREG_DEVICE_MEMORY"), DEFAULT_DEVICE_MEMORY),
+            memory_protect: parse_flag("OPENREG_MEMORY_PROTECT", lookup("OPENREG_MEMORY_PROTECT")),
         }
     }
 
@@ -69,6 +79,16 @@ impl Options {
                 name: "OPENREG_WORKER_IDLE_MS",
                 value: self.worker_idle_ms.to_string(),
                 help: "milliseconds an idle stream worker thread lingers before exiting",
+            },
+            OptionEntry {
+                name: "OPENREG_DEVICE_MEMORY",
+                value: self.device_memory.to_string(),
+                help: "bytes of memory per device (suffixes K, M, G accepted; default 4G)",
+            },
+            OptionEntry {
+                name: "OPENREG_MEMORY_PROTECT",
+                value: (self.memory_protect as u8).to_string(),
+                help: "1: device memory faults when host code touches it outside device operations",
             },
         ]
     }
@@ -109,6 +129,25 @@ fn parse_u64(name: &str, raw: Option<String>, default: u64) -> u64 {
     }
 }
 
+/// A byte count: digits with an optional K, M or G (binary) suffix.
+fn parse_size(name: &str, raw: Option<String>, default: usize) -> usize {
+    let Some(raw) = raw else { return default };
+    let text = raw.trim();
+    let (digits, shift) = match text.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&text[..i], 10),
+        Some((i, 'M' | 'm')) => (&text[..i], 20),
+        Some((i, 'G' | 'g')) => (&text[..i], 30),
+        _ => (text, 0),
+    };
+    match digits.parse::<usize>().ok().and_then(|n| n.checked_mul(1usize << shift)) {
+        Some(bytes) if bytes > 0 => bytes,
+        _ => {
+            warn_once(&format!("{name}={raw:?} is invalid (expected a positive size such as 512M or 4G); using {default}"));
+            default
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,5 +180,18 @@ mod tests {
         assert!(!parse(&[("OPENREG_LAUNCH_BLOCKING", "yes")]).launch_blocking);
         assert_eq!(parse(&[("OPENREG_WORKER_IDLE_MS", "5")]).worker_idle_ms, 5);
         assert_eq!(parse(&[("OPENREG_WORKER_IDLE_MS", "x")]).worker_idle_ms, 1000);
+        assert!(parse(&[("OPENREG_MEMORY_PROTECT", "1")]).memory_protect);
+    }
+
+    #[test]
+    fn sizes() {
+        let size = |v: &str| parse(&[("OPENREG_DEVICE_MEMORY", v)]).device_memory;
+        assert_eq!(size("4096"), 4096);
+        assert_eq!(size("64K"), 64 << 10);
+        assert_eq!(size("512M"), 512 << 20);
+        assert_eq!(size("2g"), 2 << 30);
+        for bad in ["", "0", "-1", "1T", "G", "99999999999999G"] {
+            assert_eq!(size(bad), DEFAULT_DEVICE_MEMORY, "value {bad:?}");
+        }
     }
 }

@@ -219,6 +219,12 @@ impl StreamQueue {
         }
     }
 
+    /// The current end of the stream: it has passed this point once it has
+    /// completed this many tasks.
+    pub fn marker(&self) -> u64 {
+        self.state.lock().submitted
+    }
+
     /// Whether the first `seq` tasks have completed.
     pub fn has_completed(&self, seq: u64) -> bool {
         self.state.lock().completed >= seq

@@ -1,0 +1,573 @@
+//! The caching device allocator: one per device, with CUDA's pools, block
+//! splitting, per-stream reuse, deferred reuse after `record_stream`, and
+//! CUDA-shaped statistics.
+//!
+//! Note [Caching allocator]: device memory is mapped in segments (`memory.rs`)
+//! and carved into blocks. Requests up to 1 MiB come from the small pool
+//! (2 MiB segments), larger ones from the large pool (20 MiB segments, or the
+//! request rounded up to 2 MiB when it is 10 MiB or more). A freed block goes
+//! back to a free list keyed by the stream that allocated it, so only work on
+//! that stream — which runs in order — can reuse it without synchronization.
+//! Blocks of one segment merge again when adjacent ones are free. A block that
+//! other streams used (`record_stream`) is "pending" after free: it is reused
+//! only once each of those streams has passed the point where it was freed.
+//! Mapped memory is returned only by `empty_cache`, or when an allocation
+//! would otherwise fail: then cached segments are released, pending frees
+//! are waited for, and only if that is not enough is it out of memory.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use parking_lot::Mutex;
+
+use crate::device::DeviceIndex;
+use crate::error::{Error, ErrorKind, Result};
+use crate::memory;
+use crate::options;
+use crate::stream::StreamQueue;
+
+pub const MIN_BLOCK: usize = 512;
+pub const SMALL_REQUEST: usize = 1 << 20;
+pub const SMALL_SEGMENT: usize = 2 << 20;
+pub const LARGE_SEGMENT: usize = 20 << 20;
+pub const MIN_LARGE_ALLOC: usize = 10 << 20;
+pub const LARGE_ROUNDING: usize = 2 << 20;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Pool {
+    Small = 0,
+    Large = 1,
+}
+
+/// One statistic, as `c10::CachingDeviceAllocator::Stat`.
+#[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stat {
+    pub current: i64,
+    pub peak: i64,
+    pub allocated: i64,
+    pub freed: i64,
+}
+
+impl Stat {
+    fn increase(&mut self, amount: usize) {
+        self.current += amount as i64;
+        self.peak = self.peak.max(self.current);
+        self.allocated += amount as i64;
+    }
+
+    fn decrease(&mut self, amount: usize) {
+        self.current -= amount as i64;
+        debug_assert!(self.current >= 0, "negative allocator statistic");
+        self.freed += amount as i64;
+    }
+}
+
+/// A statistic for all pools (index 0), the small pool (1) and the large (2).
+#[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatArray(pub [Stat; 3]);
+
+impl StatArray {
+    fn increase(&mut self, pool: Pool, amount: usize) {
+        self.0[0].increase(amount);
+        self.0[1 + pool as usize].increase(amount);
+    }
+
+    fn decrease(&mut self, pool: Pool, amount: usize) {
+        self.0[0].decrease(amount);
+        self.0[1 + pool as usize].decrease(amount);
+    }
+
+    fn each(&mut self, f: impl Fn(&mut Stat)) {
+        self.0.iter_mut().for_each(f)
+    }
+
+    pub fn all(&self) -> Stat {
+        self.0[0]
+    }
+}
+
+/// The allocator's statistics, with the meaning CUDA gives each field.
+#[derive(Default, Clone, Debug, PartialEq, Eq)]
+pub struct DeviceStats {
+    pub allocation: StatArray,
+    pub segment: StatArray,
+    pub active: StatArray,
+    pub inactive_split: StatArray,
+    pub allocated_bytes: StatArray,
+    pub reserved_bytes: StatArray,
+    pub active_bytes: StatArray,
+    pub inactive_split_bytes: StatArray,
+    pub requested_bytes: StatArray,
+    pub num_alloc_retries: i64,
+    pub num_ooms: i64,
+    pub num_sync_all_streams: i64,
+    pub num_device_alloc: i64,
+    pub num_device_free: i64,
+    pub oversize_allocations: Stat,
+    pub oversize_segments: Stat,
+    pub max_split_size: i64,
+}
+
+impl DeviceStats {
+    fn arrays(&mut self) -> [&mut StatArray; 9] {
+        [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ]
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum BlockState {
+    Free,
+    Allocated,
+    /// Freed by its owner, still possibly in use by a recorded stream.
+    Pending,
+}
+
+struct Block {
+    size: usize,
+    requested: usize,
+    segment: usize,
+    stream: &'static StreamQueue,
+    pool: Pool,
+    state: BlockState,
+    /// Neighbours within the segment, by address.
+    prev: Option<usize>,
+    next: Option<usize>,
+    /// Streams other than `stream` that used the block (`record_stream`).
+    uses: Vec<&'static StreamQueue>,
+}
+
+struct Segment {
+    size: usize,
+    pool: Pool,
+}
+
+struct PendingFree {
+    ptr: usize,
+    /// `(stream, seq)`: the block is reusable once every stream has completed `seq`.
+    markers: Vec<(&'static StreamQueue, u64)>,
+}
+
+/// A free-list key: stream identity, then best fit by size, then address.
+type FreeKey = (usize, usize, usize);
+
+fn stream_key(stream: &'static StreamQueue) -> usize {
+    stream as *const StreamQueue as usize
+}
+
+#[derive(Default)]
+struct State {
+    blocks: HashMap<usize, Block>,
+    free: [BTreeSet<FreeKey>; 2],
+    pending: Vec<PendingFree>,
+    segments: BTreeMap<usize, Segment>,
+    /// Set by `set_memory_fraction`; the capacity otherwise.
+    limit: Option<usize>,
+    stats: DeviceStats,
+}
+
+/// Why an allocation failed: the C++ side raises `torch.OutOfMemoryError`
+/// for `out_of_memory` and a `RuntimeError` otherwise.
+pub struct AllocError {
+    pub error: Error,
+    pub out_of_memory: bool,
+}
+
+pub struct DeviceAllocator {
+    device: DeviceIndex,
+    capacity: usize,
+    state: Mutex<State>,
+}
+
+fn round_size(size: usize) -> usize {
+    size.max(MIN_BLOCK).div_ceil(MIN_BLOCK) * MIN_BLOCK
+}
+
+fn segment_size(size: usize) -> usize {
+    if size <= SMALL_REQUEST {
+        SMALL_SEGMENT
+    } else if size < MIN_LARGE_ALLOC {
+        LARGE_SEGMENT
+    } else {
+        size.div_ceil(LARGE_ROUNDING) * LARGE_ROUNDING
+    }
+}
+
+fn pool_of(size: usize) -> Pool {
+    if size <= SMALL_REQUEST {
+        Pool::Small
+    } else {
+        Pool::Large
+    }
+}
+
+fn should_split(pool: Pool, remaining: usize) -> bool {
+    match pool {
+        Pool::Small => remaining >= MIN_BLOCK,
+        Pool::Large => remaining > SMALL_REQUEST,
+    }
+}
+
+impl State {
+    fn is_split(&self, block: &Block) -> bool {
+        block.size != self.segments[&block.segment].size
+    }
+
+    fn add_free(&mut self, ptr: usize) {
+        let block = &self.blocks[&ptr];
+        let (key, pool, size, split) = ((stream_key(block.stream), block.size, ptr), block.pool, block.size, self.is_split(block));
+        self.free[pool as usize].insert(key);
+        if split {
+            self.stats.inactive_split.increase(pool, 1);
+            self.stats.inactive_split_bytes.increase(pool, size);
+        }
+    }
+
+    fn remove_free(&mut self, ptr: usize) {
+        let block = &self.blocks[&ptr];
+        let (key, pool, size, split) = ((stream_key(block.stream), block.size, ptr), block.pool, block.size, self.is_split(block));
+        let removed = self.free[pool as usize].remove(&key);
+        debug_assert!(removed, "free block missing from its free list");
+        if split {
+            self.stats.inactive_split.decrease(pool, 1);
+            self.stats.inactive_split_bytes.decrease(pool, size);
+        }
+    }
+
+    fn is_free(&self, ptr: Option<usize>) -> bool {
+        ptr.is_some_and(|p| self.blocks[&p].state == BlockState::Free)
+    }
+
+    /// Makes a no-longer-used block free, merging it with free neighbours.
+    fn release_block(&mut self, mut ptr: usize) {
+        let (pool, size) = {
+            let b = &self.blocks[&ptr];
+            (b.pool, b.size)
+        };
+        self.stats.active.decrease(pool, 1);
+        self.stats.active_bytes.decrease(pool, size);
+        if let Some(prev) = self.blocks[&ptr].prev.filter(|&p| self.is_free(Some(p))) {
+            self.remove_free(prev);
+            let block = self.blocks.remove(&ptr).expect("released block exists");
+            let merged = self.blocks.get_mut(&prev).expect("neighbour exists");
+            merged.size += block.size;
+            merged.next = block.next;
+            if let Some(next) = block.next {
+                self.blocks.get_mut(&next).expect("neighbour exists").prev = Some(prev);
+            }
+            ptr = prev;
+        }
+        if let Some(next) = self.blocks[&ptr].next.filter(|&n| self.is_free(Some(n))) {
+            self.remove_free(next);
+            let absorbed = self.blocks.remove(&next).expect("neighbour exists");
+            let block = self.blocks.get_mut(&ptr).expect("released block exists");
+            block.size += absorbed.size;
+            block.next = absorbed.next;
+            if let Some(after) = absorbed.next {
+                self.blocks.get_mut(&after).expect("neighbour exists").prev = Some(ptr);
+            }
+        }
+        let block = self.blocks.get_mut(&ptr).expect("released block exists");
+        block.state = BlockState::Free;
+        block.uses.clear();
+        self.add_free(ptr);
+    }
+
+    /// Frees every pending block whose recorded streams have all passed it.
+    fn process_pending(&mut self) {
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|p| p.markers.iter().all(|(stream, seq)| stream.has_completed(*seq)));
+        self.pending = waiting;
+        for p in ready {
+            self.release_block(p.ptr);
+        }
+    }
+
+    /// Unmaps every segment that is entirely one free block.
+    fn release_cached_segments(&mut self) {
+        let whole: Vec<usize> = self
+            .segments
+            .iter()
+            .filter(|(base, seg)| self.blocks.get(base).is_some_and(|b| b.state == BlockState::Free && b.size == seg.size))
+            .map(|(base, _)| *base)
+            .collect();
+        for base in whole {
+            self.remove_free(base);
+            self.blocks.remove(&base);
+            let seg = self.segments.remove(&base).expect("segment exists");
+            memory::unmap(base, seg.size);
+            self.stats.segment.decrease(seg.pool, 1);
+            self.stats.reserved_bytes.decrease(seg.pool, seg.size);
+            self.stats.num_device_free += 1;
+        }
+    }
+
+    fn reserved(&self) -> usize {
+        self.stats.reserved_bytes.all().current as usize
+    }
+
+    fn best_fit(&self, pool: Pool, stream: &'static StreamQueue, size: usize) -> Option<usize> {
+        let key = stream_key(stream);
+        self.free[pool as usize]
+            .range((key, size, 0)..)
+            .next()
+            .filter(|(k, _, _)| *k == key)
+            .map(|(_, _, ptr)| *ptr)
+    }
+
+    fn map_segment(&mut self, size: usize, pool: Pool, stream: &'static StreamQueue) -> Result<usize> {
+        let base = memory::map(size)?;
+        self.segments.insert(base, Segment { size, pool });
+        self.blocks.insert(
+            base,
+            Block { size, requested: 0, segment: base, stream, pool, state: BlockState::Free, prev: None, next: None, uses: Vec::new() },
+        );
+        self.stats.segment.increase(pool, 1);
+        self.stats.reserved_bytes.increase(pool, size);
+        self.stats.num_device_alloc += 1;
+        self.add_free(base);
+        Ok(base)
+    }
+}
+
+impl DeviceAllocator {
+    pub fn new(device: DeviceIndex) -> DeviceAllocator {
+        let state = State { stats: DeviceStats { max_split_size: i64::MAX, ..Default::default() }, ..Default::default() };
+        DeviceAllocator { device, capacity: options::get().device_memory, state: Mutex::new(state) }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// `size` bytes for work on `stream`; 0 bytes is the null pointer.
+    pub fn malloc(&self, size: usize, stream: &'static StreamQueue) -> std::result::Result<usize, AllocError> {
+        if size == 0 {
+            return Ok(0);
+        }
+        let rounded = round_size(size);
+        let pool = pool_of(rounded);
+        let mut st = self.state.lock();
+        st.process_pending();
+        let ptr = match st.best_fit(pool, stream, rounded) {
+            Some(ptr) => ptr,
+            None => self.grow(&mut st, rounded, size, pool, stream)?,
+        };
+
+        st.remove_free(ptr);
+        let remaining = st.blocks[&ptr].size - rounded;
+        if should_split(pool, remaining) {
+            let rest = ptr + rounded;
+            let (segment, next) = {
+                let b = st.blocks.get_mut(&ptr).expect("chosen block exists");
+                b.size = rounded;
+                let next = b.next.replace(rest);
+                (b.segment, next)
+            };
+            if let Some(next) = next {
+                st.blocks.get_mut(&next).expect("neighbour exists").prev = Some(rest);
+            }
+            st.blocks.insert(
+                rest,
+                Block { size: remaining, requested: 0, segment, stream, pool, state: BlockState::Free, prev: Some(ptr), next, uses: Vec::new() },
+            );
+            st.add_free(rest);
+        }
+        let block = st.blocks.get_mut(&ptr).expect("chosen block exists");
+        block.state = BlockState::Allocated;
+        block.requested = size;
+        let got = block.size;
+        st.stats.allocation.increase(pool, 1);
+        st.stats.allocated_bytes.increase(pool, got);
+        st.stats.requested_bytes.increase(pool, size);
+        st.stats.active.increase(pool, 1);
+        st.stats.active_bytes.increase(pool, got);
+        Ok(ptr)
+    }
+
+    /// Maps a new segment for a request, releasing cache and waiting for
+    /// pending frees first if the limit would be exceeded.
+    #[cold]
+    fn grow(&self, st: &mut State, rounded: usize, requested: usize, pool: Pool, stream: &'static StreamQueue) -> std::result::Result<usize, AllocError> {
+        let seg = segment_size(rounded);
+        let limit = st.limit.unwrap_or(self.capacity);
+        if st.reserved() + seg > limit {
+            st.stats.num_alloc_retries += 1;
+            if !st.pending.is_empty() {
+                st.stats.num_sync_all_streams += 1;
+                for p in &st.pending {
+                    for (stream, seq) in &p.markers {
+                        let _ = stream.wait_for(*seq, false);
+                    }
+                }
+                st.process_pending();
+                if let Some(ptr) = st.best_fit(pool, stream, rounded) {
+                    return Ok(ptr);
+                }
+            }
+            st.release_cached_segments();
+        }
+        if st.reserved() + seg > limit {
+            st.stats.num_ooms += 1;
+            return Err(AllocError { error: self.oom_error(st, requested, limit), out_of_memory: true });
+        }
+        st.map_segment(seg, pool, stream).map_err(|error| AllocError { error, out_of_memory: false })
+    }
+
+    #[cold]
+    fn oom_error(&self, st: &State, requested: usize, limit: usize) -> Error {
+        let allocated = st.stats.allocated_bytes.all().current as usize;
+        let reserved = st.reserved();
+        Error::new(
+            ErrorKind::OutOfMemory,
+            format!(
+                "openreg out of memory on device {}: tried to allocate {} ({requested} bytes); the device has a capacity of {} \
+                 ({} usable by this process), of which {} is allocated by PyTorch, {} reserved by the caching allocator, and {} free",
+                self.device,
+                human(requested),
+                human(self.capacity),
+                human(limit),
+                human(allocated),
+                human(reserved),
+                human(limit.saturating_sub(reserved)),
+            ),
+        )
+    }
+
+    /// Returns `ptr` to the cache (see Note [Caching allocator]).
+    pub fn free(&self, ptr: usize) -> Result<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let mut st = self.state.lock();
+        let block = match st.blocks.get_mut(&ptr) {
+            Some(b) if b.state == BlockState::Allocated => b,
+            _ => {
+                return Err(Error::invalid_value(format!(
+                    "free of {ptr:#x} on openreg device {}: not a live allocation of this device",
+                    self.device
+                )))
+            }
+        };
+        let (pool, size, requested) = (block.pool, block.size, block.requested);
+        let markers: Vec<_> = block.uses.iter().map(|s| (*s, s.marker())).filter(|(s, seq)| !s.has_completed(*seq)).collect();
+        if markers.is_empty() {
+            block.state = BlockState::Free; // release_block finishes the transition
+        } else {
+            block.state = BlockState::Pending;
+        }
+        st.stats.allocation.decrease(pool, 1);
+        st.stats.allocated_bytes.decrease(pool, size);
+        st.stats.requested_bytes.decrease(pool, requested);
+        if markers.is_empty() {
+            st.release_block(ptr);
+        } else {
+            st.pending.push(PendingFree { ptr, markers });
+        }
+        Ok(())
+    }
+
+    /// Marks `ptr` as used by `stream` too, deferring its reuse after free
+    /// until `stream` has finished the work queued before the free.
+    pub fn record_stream(&self, ptr: usize, stream: &'static StreamQueue) -> Result<()> {
+        let mut st = self.state.lock();
+        match st.blocks.get_mut(&ptr) {
+            Some(b) if b.state == BlockState::Allocated => {
+                if !std::ptr::eq(b.stream, stream) && !b.uses.iter().any(|s| std::ptr::eq(*s, stream)) {
+                    b.uses.push(stream);
+                }
+                Ok(())
+            }
+            _ => Err(Error::invalid_value(format!(
+                "record_stream: {ptr:#x} is not the start of a live allocation on openreg device {}",
+                self.device
+            ))),
+        }
+    }
+
+    /// Releases every cached segment that holds no live block.
+    pub fn empty_cache(&self) {
+        let mut st = self.state.lock();
+        st.process_pending();
+        st.release_cached_segments();
+    }
+
+    pub fn stats(&self) -> DeviceStats {
+        self.state.lock().stats.clone()
+    }
+
+    pub fn reset_peak_stats(&self) {
+        let mut st = self.state.lock();
+        for array in st.stats.arrays() {
+            array.each(|s| s.peak = s.current);
+        }
+        st.stats.oversize_allocations.peak = st.stats.oversize_allocations.current;
+        st.stats.oversize_segments.peak = st.stats.oversize_segments.current;
+    }
+
+    pub fn reset_accumulated_stats(&self) {
+        let mut st = self.state.lock();
+        for array in st.stats.arrays() {
+            array.each(|s| {
+                s.allocated = 0;
+                s.freed = 0
+            });
+        }
+        let s = &mut st.stats;
+        (s.num_alloc_retries, s.num_ooms, s.num_sync_all_streams, s.num_device_alloc, s.num_device_free) = (0, 0, 0, 0, 0);
+    }
+
+    /// `(free, total)` bytes as the device sees them: total is the capacity,
+    /// free is what is not reserved by this allocator.
+    pub fn memory_info(&self) -> (usize, usize) {
+        let st = self.state.lock();
+        (self.capacity.saturating_sub(st.reserved()), self.capacity)
+    }
+
+    /// Caps what this process may reserve at `fraction` of the capacity.
+    pub fn set_memory_fraction(&self, fraction: f64) -> Result<()> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(Error::invalid_value(format!(
+                "memory fraction {fraction} for openreg device {} is invalid: it must be within 0..=1",
+                self.device
+            )));
+        }
+        self.state.lock().limit = Some((self.capacity as f64 * fraction) as usize);
+        Ok(())
+    }
+
+    /// Whether `ptr` lies inside one of this device's segments.
+    pub fn owns(&self, ptr: usize) -> bool {
+        let st = self.state.lock();
+        st.segments.range(..=ptr).next_back().is_some_and(|(base, seg)| ptr < base + seg.size)
+    }
+
+    /// The live allocation starting at `ptr`: its usable size in bytes.
+    pub fn allocation_size(&self, ptr: usize) -> Option<usize> {
+        let st = self.state.lock();
+        st.blocks.get(&ptr).filter(|b| b.state == BlockState::Allocated).map(|b| b.size)
+    }
+}
+
+fn human(bytes: usize) -> String {
+    const UNITS: [&str; 4] = ["bytes", "KiB", "MiB", "GiB"];
+    let (mut value, mut unit) = (bytes as f64, 0);
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}
