@@ -51,13 +51,23 @@ fn main() {
         fail(&format!("{} has no include/c10", torch.dir.display()));
     }
 
-    let sources = ["cpp/guard.cpp", "cpp/hooks.cpp", "cpp/register.cpp"];
+    let sources = [
+        "cpp/guard.cpp",
+        "cpp/hooks.cpp",
+        "cpp/register.cpp",
+        "cpp/allocator.cpp",
+        "cpp/device_memory.cpp",
+        "cpp/ops.cpp",
+        "cpp/fallback.cpp",
+        "cpp/convolution.cpp",
+    ];
     cxx_build::bridge("src/ffi.rs")
         .files(sources)
         .std("c++20")
         .include(&include)
         .define("_GLIBCXX_USE_CXX11_ABI", torch.cxx11_abi.as_str())
         .flag_if_supported("-Wno-unused-parameter")
+        .flag_if_supported("-Wno-unused-function")
         .compile("torch_openreg_shim");
 
     println!("cargo:rustc-link-search=native={}", lib.display());
@@ -67,7 +77,7 @@ fn main() {
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     println!("cargo:rustc-link-lib=dylib=stdc++");
 
-    for path in sources.iter().chain(&["cpp/shim.h", "cpp/checked.h", "cpp/backend.h", "src/ffi.rs"]) {
+    for path in sources.iter().chain(&["cpp/shim.h", "cpp/checked.h", "cpp/backend.h", "cpp/device_memory.h", "src/ffi.rs"]) {
         println!("cargo:rerun-if-changed={path}");
     }
     for var in ["OPENREG_TORCH_DIR", "OPENREG_TORCH_CXX11_ABI", "PYTHON"] {

@@ -8,10 +8,20 @@ struct DeviceGuardImplInterface;
 namespace at {
 struct PrivateUse1HooksInterface;
 }
+namespace c10 {
+struct Allocator;
+}
 
 namespace openreg {
 
 c10::impl::DeviceGuardImplInterface* new_device_guard_impl();
 at::PrivateUse1HooksInterface* new_hooks();
+
+// Registers the device allocator (c10::SetAllocator for PrivateUse1).
+void register_allocators();
+// The allocator behind pin_memory() (handed out by the hooks).
+c10::Allocator* pinned_memory_allocator();
+// Registers the aten kernels and the boxed fallback for PrivateUse1.
+void register_ops();
 
 } // namespace openreg

@@ -1,8 +1,12 @@
 // openreg's at::PrivateUse1HooksInterface: how ATen asks about the device
 // (availability, contexts, current device) without knowing the backend.
+#include <cstring>
+
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/DeviceGuard.h>
 
 #include "torch_openreg/cpp/backend.h"
+#include "torch_openreg/cpp/device_memory.h"
 #include "torch_openreg/cpp/checked.h"
 #include "torch_openreg/src/ffi.rs.h"
 
@@ -49,6 +53,38 @@ struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
   // device switch, so it is the same exchange.
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
     return checked([&] { return ffi::exchange_device(device); });
+  }
+
+  at::Allocator* getPinnedMemoryAllocator() const override {
+    return pinned_memory_allocator();
+  }
+
+  bool isPinnedPtr(const void* data) const override {
+    return ffi::is_pinned(reinterpret_cast<uintptr_t>(data));
+  }
+
+  // The openreg device whose memory holds `data`; an error for any other pointer.
+  at::Device getDeviceFromPtr(void* data) const override {
+    c10::DeviceIndex device = ffi::device_of_pointer(reinterpret_cast<uintptr_t>(data));
+    TORCH_CHECK(device >= 0, "getDeviceFromPtr: ", data, " is not openreg device memory");
+    return at::Device(c10::DeviceType::PrivateUse1, device);
+  }
+
+  // Storage.resize_: new memory on the storage's device, old bytes copied in
+  // stream order.
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t new_bytes) const override {
+    TORCH_CHECK(storage.resizable(), "Trying to resize storage that is not resizable");
+    c10::DeviceIndex device = storage.device().index();
+    c10::DeviceGuard guard(storage.device());
+    synchronize_current_stream(device);
+    at::DataPtr fresh = storage.allocator()->allocate(new_bytes);
+    size_t keep = std::min(new_bytes, storage.nbytes());
+    if (keep > 0) {
+      auto window = ffi::open_access_window();
+      std::memcpy(fresh.get(), storage.data(), keep);
+    }
+    storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(fresh));
+    storage.unsafeGetStorageImpl()->set_nbytes(new_bytes);
   }
 };
 

@@ -21,6 +21,8 @@ void register_backend() {
   c10::register_privateuse1_backend("openreg");
   c10::impl::registerDeviceGuard(c10::DeviceType::PrivateUse1, new_device_guard_impl());
   at::RegisterPrivateUse1HooksInterface(new_hooks());
+  register_allocators();
+  register_ops();
   registered.store(true);
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "rust/cxx.h"
 
@@ -14,5 +15,12 @@ void emit_warning(::rust::Str message) noexcept;
 // Registers the openreg backend (name, device guard, hooks) with PyTorch.
 void register_backend();
 bool backend_registered() noexcept;
+
+// A C++ closure queued on a stream; the stream's worker runs it once.
+struct Kernel {
+  std::function<void()> body;
+};
+
+void run_kernel(Kernel& kernel);
 
 } // namespace openreg::ffi

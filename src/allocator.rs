@@ -571,3 +571,20 @@ fn human(bytes: usize) -> String {
         format!("{value:.2} {}", UNITS[unit])
     }
 }
+
+/// The device whose memory holds `ptr`, among devices with a context.
+pub fn device_of(ptr: usize) -> Option<DeviceIndex> {
+    crate::device::existing_contexts().find(|ctx| ctx.allocator.owns(ptr)).map(|ctx| ctx.index)
+}
+
+/// Frees `ptr` on whichever device owns it (a `DataPtr` deleter knows only
+/// the pointer).
+pub fn free_anywhere(ptr: usize) -> Result<()> {
+    if ptr == 0 {
+        return Ok(());
+    }
+    match device_of(ptr) {
+        Some(index) => crate::device::context(index.into())?.allocator.free(ptr),
+        None => Err(Error::invalid_value(format!("free of {ptr:#x}: not openreg device memory"))),
+    }
+}

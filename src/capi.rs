@@ -214,7 +214,8 @@ pub extern "C" fn orLaunchHostFunc(stream: *const c_void, func: Option<HostFn>, 
         let data = SendPtr(user_data);
         s.submit(Task::Run(Box::new(move || {
             let data = data;
-            func(data.0)
+            func(data.0);
+            Ok(())
         })))
         .map(drop)
     })

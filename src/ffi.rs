@@ -7,13 +7,64 @@
 //! Events cross as opaque `usize` handles (see `event::handle`); streams as
 //! `(device, id)` values (see Note [StreamId assignment]).
 
+use crate::allocator;
 use crate::device;
 use crate::error::Result;
+use crate::memory;
+use crate::pinned;
 use crate::event::{handle, Event};
 use crate::stream::{self, StreamId};
 
 #[cxx::bridge(namespace = "openreg::ffi")]
 mod bridge {
+    // Shared types.
+
+    /// The result of a device allocation: `ptr`, or why not.
+    struct Allocation {
+        ptr: usize,
+        out_of_memory: bool,
+        error: String,
+    }
+
+    /// `c10::CachingDeviceAllocator::Stat`.
+    struct StatFfi {
+        current: i64,
+        peak: i64,
+        allocated: i64,
+        freed: i64,
+    }
+
+    /// A statistic for all pools, the small pool and the large pool.
+    struct StatArrayFfi {
+        pools: [StatFfi; 3],
+    }
+
+    /// `c10::CachingDeviceAllocator::DeviceStats`, field for field.
+    struct DeviceStatsFfi {
+        allocation: StatArrayFfi,
+        segment: StatArrayFfi,
+        active: StatArrayFfi,
+        inactive_split: StatArrayFfi,
+        allocated_bytes: StatArrayFfi,
+        reserved_bytes: StatArrayFfi,
+        active_bytes: StatArrayFfi,
+        inactive_split_bytes: StatArrayFfi,
+        requested_bytes: StatArrayFfi,
+        num_alloc_retries: i64,
+        num_ooms: i64,
+        num_sync_all_streams: i64,
+        num_device_alloc: i64,
+        num_device_free: i64,
+        oversize_allocations: StatFfi,
+        oversize_segments: StatFfi,
+        max_split_size: i64,
+    }
+
+    struct MemoryInfo {
+        free: usize,
+        total: usize,
+    }
+
     // Rust functions the C++ shim calls.
     extern "Rust" {
         // Devices (see Note [Current device], Note [Contexts]).
@@ -45,6 +96,38 @@ mod bridge {
         unsafe fn synchronize_event(event: usize) -> Result<()>;
         unsafe fn destroy_event(event: usize);
         unsafe fn event_elapsed_ms(start: usize, end: usize, device: i8) -> Result<f64>;
+
+        // Device memory (see Note [Caching allocator]). Allocations are for
+        // the current stream of `device`.
+        fn device_malloc(device: i8, size: usize) -> Allocation;
+        fn device_free(ptr: usize) -> Result<()>;
+        fn device_of_pointer(ptr: usize) -> i8;
+        fn record_stream(ptr: usize, device: i8, id: i64) -> Result<()>;
+        fn empty_cache();
+        fn device_stats(device: i8) -> Result<DeviceStatsFfi>;
+        fn reset_peak_stats(device: i8) -> Result<()>;
+        fn reset_accumulated_stats(device: i8) -> Result<()>;
+        fn memory_info(device: i8) -> Result<MemoryInfo>;
+        fn set_memory_fraction(device: i8, fraction: f64) -> Result<()>;
+        fn any_device_initialized() -> bool;
+
+        // Pinned host memory.
+        fn host_malloc(size: usize) -> Result<usize>;
+        fn host_free(ptr: usize);
+        fn is_pinned(ptr: usize) -> bool;
+
+        /// Makes device memory accessible to host code while alive
+        /// (Note [Memory protection]).
+        type AccessWindow;
+        fn open_access_window() -> Box<AccessWindow>;
+
+        // Kernels: run `kernel` on the current stream of `device`, queued;
+        // `blocking` also waits for it (and reports its failure).
+        fn launch_kernel(device: i8, kernel: UniquePtr<Kernel>, blocking: bool) -> Result<()>;
+        fn stream_idle(device: i8) -> Result<bool>;
+        /// Makes the current stream of `waiter` wait for everything queued so
+        /// far on the current stream of `device`.
+        fn stream_wait_stream(waiter: i8, device: i8) -> Result<()>;
     }
 
     // C++ functions the Rust side calls.
@@ -56,10 +139,21 @@ mod bridge {
         /// Registers guard, hooks and the backend name with PyTorch.
         fn register_backend() -> Result<()>;
         fn backend_registered() -> bool;
+
+        /// A C++ closure that runs on a stream's worker.
+        type Kernel;
+        fn run_kernel(kernel: Pin<&mut Kernel>) -> Result<()>;
     }
 }
 
+// SAFETY: a Kernel owns only reference-counted PyTorch tensors and plain
+// values (atomic reference counts); it is run and destroyed by exactly one
+// thread at a time: the stream worker it was handed to.
+unsafe impl Send for bridge::Kernel {}
+
 pub use bridge::{backend_registered, emit_warning, register_backend};
+use bridge::{Allocation, DeviceStatsFfi, Kernel, MemoryInfo, StatArrayFfi, StatFfi};
+pub use memory::AccessWindow;
 
 fn device_count() -> i8 {
     device::device_count() as i8
@@ -195,4 +289,138 @@ unsafe fn event_elapsed_ms(start: usize, end: usize, device: i8) -> Result<f64> 
     // SAFETY: per this function's contract.
     let (start, end) = unsafe { (handle::get(start as *const Event)?, handle::get(end as *const Event)?) };
     Event::elapsed_ms(&start, &end)
+}
+
+fn device_malloc(device: i8, size: usize) -> Allocation {
+    let failed = |error: crate::error::Error, out_of_memory| Allocation { ptr: 0, out_of_memory, error: error.message };
+    let result = device::context(device::resolve(device.into())).and_then(|ctx| {
+        let stream = ctx.streams.get(stream::current_stream_id(ctx.index))?;
+        Ok(ctx.allocator.malloc(size, stream))
+    });
+    match result {
+        Ok(Ok(ptr)) => Allocation { ptr, out_of_memory: false, error: String::new() },
+        Ok(Err(e)) => failed(e.error, e.out_of_memory),
+        Err(e) => failed(e, false),
+    }
+}
+
+fn device_free(ptr: usize) -> Result<()> {
+    allocator::free_anywhere(ptr)
+}
+
+fn device_of_pointer(ptr: usize) -> i8 {
+    allocator::device_of(ptr).unwrap_or(-1)
+}
+
+fn record_stream(ptr: usize, device: i8, id: i64) -> Result<()> {
+    let owner = allocator::device_of(ptr).ok_or_else(|| {
+        crate::error::Error::invalid_value(format!("record_stream: {ptr:#x} is not openreg device memory"))
+    })?;
+    let stream = stream::lookup(device.into(), id)?;
+    device::context(owner.into())?.allocator.record_stream(ptr, stream)
+}
+
+fn empty_cache() {
+    device::existing_contexts().for_each(|ctx| ctx.allocator.empty_cache());
+}
+
+fn stat(s: allocator::Stat) -> StatFfi {
+    StatFfi { current: s.current, peak: s.peak, allocated: s.allocated, freed: s.freed }
+}
+
+fn stat_array(a: allocator::StatArray) -> StatArrayFfi {
+    StatArrayFfi { pools: a.0.map(stat) }
+}
+
+fn device_stats(device: i8) -> Result<DeviceStatsFfi> {
+    let s = device::context(device::resolve(device.into()))?.allocator.stats();
+    Ok(DeviceStatsFfi {
+        allocation: stat_array(s.allocation),
+        segment: stat_array(s.segment),
+        active: stat_array(s.active),
+        inactive_split: stat_array(s.inactive_split),
+        allocated_bytes: stat_array(s.allocated_bytes),
+        reserved_bytes: stat_array(s.reserved_bytes),
+        active_bytes: stat_array(s.active_bytes),
+        inactive_split_bytes: stat_array(s.inactive_split_bytes),
+        requested_bytes: stat_array(s.requested_bytes),
+        num_alloc_retries: s.num_alloc_retries,
+        num_ooms: s.num_ooms,
+        num_sync_all_streams: s.num_sync_all_streams,
+        num_device_alloc: s.num_device_alloc,
+        num_device_free: s.num_device_free,
+        oversize_allocations: stat(s.oversize_allocations),
+        oversize_segments: stat(s.oversize_segments),
+        max_split_size: s.max_split_size,
+    })
+}
+
+fn reset_peak_stats(device: i8) -> Result<()> {
+    device::context(device::resolve(device.into()))?.allocator.reset_peak_stats();
+    Ok(())
+}
+
+fn reset_accumulated_stats(device: i8) -> Result<()> {
+    device::context(device::resolve(device.into()))?.allocator.reset_accumulated_stats();
+    Ok(())
+}
+
+fn memory_info(device: i8) -> Result<MemoryInfo> {
+    let (free, total) = device::context(device::resolve(device.into()))?.allocator.memory_info();
+    Ok(MemoryInfo { free, total })
+}
+
+fn set_memory_fraction(device: i8, fraction: f64) -> Result<()> {
+    device::context(device::resolve(device.into()))?.allocator.set_memory_fraction(fraction)
+}
+
+fn any_device_initialized() -> bool {
+    device::existing_contexts().next().is_some()
+}
+
+fn host_malloc(size: usize) -> Result<usize> {
+    pinned::malloc(size)
+}
+
+fn host_free(ptr: usize) {
+    pinned::free(ptr)
+}
+
+fn is_pinned(ptr: usize) -> bool {
+    pinned::contains(ptr)
+}
+
+fn open_access_window() -> Box<AccessWindow> {
+    Box::new(AccessWindow::open())
+}
+
+fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, blocking: bool) -> Result<()> {
+    let index = device::check_index(device::resolve(device.into()))?;
+    let stream = stream::lookup(index.into(), stream::current_stream_id(index))?;
+    let seq = stream.submit(stream::Task::Run(Box::new(move || {
+        let kernel = kernel.as_mut().expect("a launched kernel is never null");
+        bridge::run_kernel(kernel).map_err(|e| crate::error::Error::invalid_value(e.what().to_string()))
+    })))?;
+    if blocking {
+        stream.wait_for(seq, true)?;
+    }
+    Ok(())
+}
+
+fn stream_idle(device: i8) -> Result<bool> {
+    let index = device::check_index(device::resolve(device.into()))?;
+    Ok(stream::lookup(index.into(), stream::current_stream_id(index))?.query())
+}
+
+fn stream_wait_stream(waiter: i8, device: i8) -> Result<()> {
+    let current = |d: i8| -> Result<&'static stream::StreamQueue> {
+        let index = device::check_index(device::resolve(d.into()))?;
+        stream::lookup(index.into(), stream::current_stream_id(index))
+    };
+    let (waiter, source) = (current(waiter)?, current(device)?);
+    let seq = source.marker();
+    if std::ptr::eq(waiter, source) || source.has_completed(seq) {
+        return Ok(());
+    }
+    waiter.submit(stream::Task::WaitFor { stream: source, seq }).map(drop)
 }

@@ -13,6 +13,7 @@ mod ffi;
 pub mod lifecycle;
 pub mod memory;
 pub mod options;
+pub mod pinned;
 pub mod stream;
 
 /// Registers the backend with PyTorch when the shared library is loaded, by

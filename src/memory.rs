@@ -105,3 +105,22 @@ impl Drop for AccessWindow {
         }
     }
 }
+
+/// Maps `len` bytes of ordinary host memory (pinned host allocations: never
+/// protected).
+pub fn map_host(len: usize) -> Result<usize> {
+    // SAFETY: an anonymous private mapping has no preconditions.
+    let ptr = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(Error::invalid_value(format!("mapping {len} bytes of pinned host memory failed: {}", std::io::Error::last_os_error())));
+    }
+    Ok(ptr as usize)
+}
+
+/// Releases a mapping made by `map_host`.
+pub fn unmap_host(base: usize, len: usize) {
+    // SAFETY: (base, len) is a live mapping from `map_host`, released once.
+    unsafe { libc::munmap(base as *mut libc::c_void, len) };
+}

@@ -50,8 +50,10 @@ const STREAM_MAGIC: u64 = 0x6f70_656e_7265_6753; // "openregS"
 
 /// One unit of work on a stream.
 pub enum Task {
-    /// Host code run by the stream's worker (a kernel, a host function).
-    Run(Box<dyn FnOnce() + Send>),
+    /// Host code run by the stream's worker (a kernel, a host function),
+    /// with device memory accessible. A failure is parked for the next
+    /// `synchronize` of the stream.
+    Run(Box<dyn FnOnce() -> Result<()> + Send>),
     /// Block this stream until `stream` has completed `seq` tasks (event wait).
     WaitFor { stream: &'static StreamQueue, seq: u64 },
     /// Stamp the time this point of the stream is reached (timing events).
@@ -176,8 +178,14 @@ impl StreamQueue {
                 drop(st);
                 let outcome = catch_unwind(AssertUnwindSafe(|| run(task)));
                 st = self.state.lock();
-                if let Err(panic) = outcome {
-                    st.deferred_error.get_or_insert_with(|| task_failed(self, panic));
+                match outcome {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        st.deferred_error.get_or_insert(Error::new(e.kind, format!("a kernel on {self} failed: {e}")));
+                    }
+                    Err(panic) => {
+                        st.deferred_error.get_or_insert_with(|| task_failed(self, panic));
+                    }
                 }
                 st.completed += 1;
                 self.progress.notify_all();
@@ -265,14 +273,21 @@ impl std::fmt::Display for StreamQueue {
     }
 }
 
-fn run(task: Task) {
+fn run(task: Task) -> Result<()> {
     match task {
-        Task::Run(f) => f(),
-        // Waiting on a parked error is fine: the error belongs to that stream.
+        Task::Run(f) => {
+            let _window = crate::memory::AccessWindow::open();
+            f()
+        }
+        // A parked error of the other stream is that stream's to report.
         Task::WaitFor { stream, seq } => {
             let _ = stream.wait_for(seq, false);
+            Ok(())
         }
-        Task::Timestamp { event, version } => event.stamp(version, Instant::now()),
+        Task::Timestamp { event, version } => {
+            event.stamp(version, Instant::now());
+            Ok(())
+        }
     }
 }
 

@@ -72,7 +72,7 @@ fn record_stream_defers_reuse_until_that_stream_passes_the_free() {
     let a = allocator();
     let (owner, user) = (stream(), stream());
     let p = a.malloc(1 << 16, owner).ok().unwrap();
-    user.submit(Task::Run(Box::new(|| thread::sleep(Duration::from_millis(150))))).unwrap();
+    user.submit(Task::Run(Box::new(|| Ok(thread::sleep(Duration::from_millis(150)))))).unwrap();
     a.record_stream(p, user).unwrap();
     a.free(p).unwrap();
     let q = a.malloc(1 << 16, owner).ok().unwrap();

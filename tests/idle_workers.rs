@@ -13,7 +13,7 @@ fn idle_workers_exit_and_restart_on_demand() {
     let streams = &device::context(0).unwrap().streams;
     let touched: Vec<_> = (0..40).map(|i| streams.from_pool(if i % 2 == 0 { 0 } else { -1 })).collect();
     for s in &touched {
-        s.submit(Task::Run(Box::new(|| {}))).unwrap();
+        s.submit(Task::Run(Box::new(|| Ok(())))).unwrap();
     }
     assert!(streams.live_workers() > 0);
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -23,7 +23,7 @@ fn idle_workers_exit_and_restart_on_demand() {
     assert_eq!(streams.live_workers(), 0, "idle workers did not exit");
 
     // A new submission starts a worker again and runs.
-    touched[0].submit(Task::Run(Box::new(|| {}))).unwrap();
+    touched[0].submit(Task::Run(Box::new(|| Ok(())))).unwrap();
     touched[0].synchronize().unwrap();
     assert!(touched[0].query());
 }

@@ -11,8 +11,16 @@ use torch_openreg::error::ErrorKind;
 use torch_openreg::event::Event;
 use torch_openreg::stream::{self, StreamQueue, Task};
 
+/// Host work for a stream that cannot fail.
+fn host(f: impl FnOnce() + Send + 'static) -> Task {
+    Task::Run(Box::new(move || {
+        f();
+        Ok(())
+    }))
+}
+
 fn sleep_task(ms: u64) -> Task {
-    Task::Run(Box::new(move || thread::sleep(Duration::from_millis(ms))))
+    Task::Run(Box::new(move || Ok(thread::sleep(Duration::from_millis(ms)))))
 }
 
 /// A pool stream for a test. Tests in this binary run in parallel and take
@@ -61,10 +69,10 @@ fn query_is_false_until_the_running_task_finishes() {
     let t = Instant::now();
     let started = Arc::new(AtomicBool::new(false));
     let flag = started.clone();
-    s.submit(Task::Run(Box::new(move || {
+    s.submit(host(move || {
         flag.store(true, Ordering::SeqCst);
         thread::sleep(Duration::from_millis(150));
-    })))
+    }))
     .unwrap();
     while !started.load(Ordering::SeqCst) {
         thread::yield_now();
@@ -83,10 +91,10 @@ fn a_stream_runs_its_work_in_order() {
     for i in 0..50 {
         let log = log.clone();
         let pause = if i % 7 == 0 { 2 } else { 0 };
-        s.submit(Task::Run(Box::new(move || {
+        s.submit(host(move || {
             thread::sleep(Duration::from_millis(pause));
             log.lock().push(i);
-        })))
+        }))
         .unwrap();
     }
     s.synchronize().unwrap();
@@ -108,7 +116,7 @@ fn different_streams_run_concurrently() {
 #[test]
 fn a_panicking_task_is_reported_by_the_next_synchronize() {
     let s = fresh_stream(0);
-    s.submit(Task::Run(Box::new(|| panic!("kernel exploded")))).unwrap();
+    s.submit(host(|| panic!("kernel exploded"))).unwrap();
     let err = s.synchronize().unwrap_err();
     assert!(err.message.contains("kernel exploded"), "{}", err.message);
     s.synchronize().unwrap();
@@ -139,10 +147,10 @@ fn block_waits_for_the_version_current_at_the_call() {
     let e = Event::new(1, false).unwrap();
     let a_done = Arc::new(AtomicBool::new(false));
     let flag = a_done.clone();
-    a.submit(Task::Run(Box::new(move || {
+    a.submit(host(move || {
         thread::sleep(Duration::from_millis(150));
         flag.store(true, Ordering::SeqCst);
-    })))
+    }))
     .unwrap();
     e.record(a).unwrap();
     e.block(b).unwrap();
@@ -152,7 +160,7 @@ fn block_waits_for_the_version_current_at_the_call() {
     assert!(e.query());
     let seen = Arc::new(AtomicBool::new(false));
     let (seen2, a_done2) = (seen.clone(), a_done.clone());
-    b.submit(Task::Run(Box::new(move || seen2.store(a_done2.load(Ordering::SeqCst), Ordering::SeqCst))))
+    b.submit(host(move || seen2.store(a_done2.load(Ordering::SeqCst), Ordering::SeqCst)))
         .unwrap();
     b.synchronize().unwrap();
     assert!(seen.load(Ordering::SeqCst), "stream b ran before stream a reached the event");

@@ -11,6 +11,14 @@ use torch_openreg::device;
 use torch_openreg::event::Event;
 use torch_openreg::stream::{StreamQueue, Task};
 
+/// Host work for a stream that cannot fail.
+fn host(f: impl FnOnce() + Send + 'static) -> Task {
+    Task::Run(Box::new(move || {
+        f();
+        Ok(())
+    }))
+}
+
 fn fresh_stream(device: i64) -> &'static StreamQueue {
     device::context(device).unwrap().streams.from_pool(0)
 }
@@ -34,13 +42,13 @@ fn eight_threads_switching_devices_and_waiting_events_agree() {
                     let (producer, consumer) = (fresh_stream(dev), fresh_stream(dev));
                     let value = Arc::new(AtomicUsize::new(0));
                     let v = value.clone();
-                    producer.submit(Task::Run(Box::new(move || v.store(1, Ordering::SeqCst)))).unwrap();
+                    producer.submit(host(move || v.store(1, Ordering::SeqCst))).unwrap();
                     let e = Event::new(dev, false).unwrap();
                     e.record(producer).unwrap();
                     e.block(consumer).unwrap();
                     let (v, seen) = (value.clone(), Arc::new(AtomicUsize::new(0)));
                     let s = seen.clone();
-                    consumer.submit(Task::Run(Box::new(move || s.store(v.load(Ordering::SeqCst), Ordering::SeqCst)))).unwrap();
+                    consumer.submit(host(move || s.store(v.load(Ordering::SeqCst), Ordering::SeqCst))).unwrap();
                     consumer.synchronize().unwrap();
                     assert_eq!(seen.load(Ordering::SeqCst), 1, "the consumer ran before the producer's event");
                     i += 1;

@@ -1,0 +1,53 @@
+// See device_memory.h.
+#include "torch_openreg/cpp/device_memory.h"
+
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/TensorImpl.h>
+
+#include "torch_openreg/cpp/checked.h"
+#include "torch_openreg/src/ffi.rs.h"
+
+namespace openreg {
+
+at::Tensor cpu_view(const at::Tensor& t) {
+  TORCH_CHECK(
+      t.layout() == c10::kStrided, "openreg supports strided tensors only, got layout ", t.layout());
+  const c10::Storage& storage = t.storage();
+  c10::Storage alias(
+      c10::Storage::use_byte_size_t(),
+      storage.nbytes(),
+      c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)),
+      c10::GetCPUAllocator(),
+      /*resizable=*/true);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      std::move(alias), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
+at::Tensor copy_to_device(const at::Tensor& host, c10::Device device) {
+  at::Tensor copy = at::empty_strided(host.sizes(), host.strides(), host.options().device(device));
+  cpu_view(copy).copy_(host);
+  return copy;
+}
+
+void launch(c10::DeviceIndex device, std::function<void()> body, bool blocking) {
+  auto kernel = std::make_unique<ffi::Kernel>();
+  kernel->body = std::move(body);
+  checked([&] { ffi::launch_kernel(device, std::move(kernel), blocking); });
+}
+
+void synchronize_current_stream(c10::DeviceIndex device) {
+  checked([&] { ffi::synchronize_stream(device, ffi::current_stream(device)); });
+}
+
+} // namespace openreg
+
+namespace openreg::ffi {
+
+void run_kernel(Kernel& kernel) {
+  kernel.body();
+}
+
+} // namespace openreg::ffi

@@ -1,0 +1,32 @@
+// Helpers for code that touches device memory from C++: CPU views that alias
+// device memory (zero-copy), and launching work on the current stream.
+#pragma once
+
+#include <functional>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+namespace openreg {
+
+// A CPU tensor over the same bytes as the openreg tensor `t` (same storage
+// range, offset, sizes, strides, dtype). It does not own the memory: keep `t`
+// alive while the view is used. A CPU kernel may still resize it (an out=
+// argument of the wrong size): it then moves to fresh CPU memory, which the
+// caller must carry back to the device (see Note [Fallback]).
+at::Tensor cpu_view(const at::Tensor& t);
+
+// A new openreg tensor on `device` holding a copy of the CPU tensor `host`
+// (same sizes and strides). Device memory must be accessible.
+at::Tensor copy_to_device(const at::Tensor& host, c10::Device device);
+
+// Runs `body` on the current stream of `device` with device memory
+// accessible. Returns at once unless `blocking`, which waits for it and
+// rethrows its failure; an asynchronous failure is reported by the stream's
+// next synchronize.
+void launch(c10::DeviceIndex device, std::function<void()> body, bool blocking);
+
+// Waits for everything queued on the current stream of `device`.
+void synchronize_current_stream(c10::DeviceIndex device);
+
+} // namespace openreg

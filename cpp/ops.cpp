@@ -1,0 +1,203 @@
+// The aten kernels openreg implements itself: tensor creation and views,
+// storage (re)binding, copies, scalar reads, fills. Everything else goes
+// through the boxed fallback (fallback.cpp). Registered by register_ops()
+// at load, not by a static registrar.
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_local_scalar_dense_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "torch_openreg/cpp/backend.h"
+#include "torch_openreg/cpp/checked.h"
+#include "torch_openreg/cpp/device_memory.h"
+#include "torch_openreg/src/ffi.rs.h"
+
+namespace openreg {
+
+void register_fallback(torch::Library& library);
+void register_convolution(torch::Library& aten);
+
+namespace {
+
+constexpr c10::DispatchKeySet kOpenRegKeys(c10::DispatchKey::PrivateUse1);
+
+c10::Device checked_device(std::optional<c10::Device> device_opt) {
+  c10::Device device = c10::device_or_default(device_opt);
+  TORCH_CHECK(device.is_privateuseone(), "expected an openreg device, got ", device);
+  if (!device.has_index()) {
+    device = c10::Device(device.type(), ffi::current_device());
+  }
+  checked([&] { ffi::check_device(device.index()); });
+  return device;
+}
+
+void check_factory_args(std::optional<c10::Layout> layout, std::optional<bool> pin_memory) {
+  TORCH_CHECK(
+      c10::layout_or_default(layout) == c10::Layout::Strided,
+      "openreg supports strided tensors only, got layout ", c10::layout_or_default(layout));
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "only CPU memory can be pinned");
+}
+
+at::Tensor empty_memory_format(
+    c10::IntArrayRef size,
+    std::optional<c10::ScalarType> dtype,
+    std::optional<c10::Layout> layout,
+    std::optional<c10::Device> device_opt,
+    std::optional<bool> pin_memory,
+    std::optional<c10::MemoryFormat> memory_format) {
+  check_factory_args(layout, pin_memory);
+  c10::DeviceGuard guard(checked_device(device_opt));
+  return at::detail::empty_generic(
+      size, c10::GetAllocator(c10::kPrivateUse1), kOpenRegKeys, c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(
+    c10::IntArrayRef size,
+    c10::IntArrayRef stride,
+    std::optional<c10::ScalarType> dtype,
+    std::optional<c10::Layout> layout,
+    std::optional<c10::Device> device_opt,
+    std::optional<bool> pin_memory) {
+  check_factory_args(layout, pin_memory);
+  c10::DeviceGuard guard(checked_device(device_opt));
+  return at::detail::empty_strided_generic(
+      size, stride, c10::GetAllocator(c10::kPrivateUse1), kOpenRegKeys, c10::dtype_or_default(dtype));
+}
+
+// Views only rewrite metadata: no device memory is touched.
+at::Tensor as_strided(
+    const at::Tensor& self,
+    c10::IntArrayRef size,
+    c10::IntArrayRef stride,
+    std::optional<int64_t> storage_offset) {
+  return at::native::as_strided_tensorimpl(self, size, stride, storage_offset);
+}
+
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) {
+  return at::native::view(self, size);
+}
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
+  return at::native::_reshape_alias(self, size, stride);
+}
+
+// Growing the storage copies the old bytes: wait for queued work first.
+const at::Tensor& resize_(
+    const at::Tensor& self,
+    c10::IntArrayRef size,
+    std::optional<c10::MemoryFormat> memory_format) {
+  c10::DeviceGuard guard(self.device());
+  synchronize_current_stream(self.device().index());
+  auto window = ffi::open_access_window();
+  return at::native::resize_(self, size, memory_format);
+}
+
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
+  return at::native::set_tensor_(self, source);
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
+  return at::native::set_(self, std::move(source));
+}
+
+at::Tensor& set_source_storage_offset(
+    at::Tensor& self,
+    c10::Storage source,
+    int64_t storage_offset,
+    c10::IntArrayRef size,
+    c10::IntArrayRef stride) {
+  TORCH_CHECK(
+      source.device().is_privateuseone(), "set_: expected openreg storage, got storage on ", source.device());
+  return at::native::set_storage_cpu_(self, std::move(source), storage_offset, size, stride);
+}
+
+// .item(): waits for the stream, then reads the value.
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  c10::DeviceGuard guard(self.device());
+  synchronize_current_stream(self.device().index());
+  auto window = ffi::open_access_window();
+  return at::native::_local_scalar_dense_cpu(cpu_view(self));
+}
+
+at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
+  c10::DeviceGuard guard(self.device());
+  launch(self.device().index(), [self, value] { cpu_view(self).fill_(value); }, false);
+  return self;
+}
+
+at::Tensor& zero(at::Tensor& self) {
+  return fill_scalar(self, 0);
+}
+
+// Note [Copies]: a copy runs on the current stream of the openreg device
+// involved (the source's, for openreg→openreg across devices, after the
+// destination device's current stream has reached this point; the
+// destination's current stream then waits for it). It is asynchronous when
+// non_blocking and the host side, if any, is pinned — otherwise the call
+// waits for it, as CUDA does.
+at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
+  TORCH_CHECK(src.defined() && dst.defined(), "copy_: undefined tensor");
+  const bool src_on_device = src.is_privateuseone();
+  const bool dst_on_device = dst.is_privateuseone();
+  const c10::DeviceIndex device = src_on_device ? src.device().index() : dst.device().index();
+  const bool cross_device = src_on_device && dst_on_device && src.device() != dst.device();
+  const at::Tensor& host = src_on_device ? dst : src;
+  const bool asynchronous =
+      non_blocking && ((src_on_device && dst_on_device) || ffi::is_pinned(reinterpret_cast<uintptr_t>(host.data_ptr())));
+
+  c10::DeviceGuard guard(c10::Device(c10::kPrivateUse1, device));
+  if (cross_device) {
+    checked([&] { ffi::stream_wait_stream(device, dst.device().index()); });
+  }
+  launch(
+      device,
+      [src, dst, src_on_device, dst_on_device] {
+        at::Tensor target = dst_on_device ? cpu_view(dst) : dst;
+        target.copy_(src_on_device ? cpu_view(src) : src);
+      },
+      !asynchronous);
+  if (cross_device) {
+    checked([&] { ffi::stream_wait_stream(dst.device().index(), device); });
+  }
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& src, const at::Tensor& dst) {
+  dst.resize_(src.sizes());
+  return copy_from(src, dst, false);
+}
+
+} // namespace
+
+void register_ops() {
+  // Kept for the life of the process: destroying a Library deregisters it.
+  static auto* aten = new torch::Library(
+      torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  aten->impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  aten->impl("empty_strided", TORCH_FN(empty_strided));
+  aten->impl("as_strided", TORCH_FN(as_strided));
+  aten->impl("view", TORCH_FN(view));
+  aten->impl("_reshape_alias", TORCH_FN(reshape_alias));
+  aten->impl("resize_", TORCH_FN(resize_));
+  aten->impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
+  aten->impl("set_.source_Storage", TORCH_FN(set_source_storage));
+  aten->impl("set_.source_Storage_storage_offset", TORCH_FN(set_source_storage_offset));
+  aten->impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  aten->impl("fill_.Scalar", TORCH_FN(fill_scalar));
+  aten->impl("zero_", TORCH_FN(zero));
+  aten->impl("_copy_from", TORCH_FN(copy_from));
+  aten->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  register_convolution(*aten);
+
+  static auto* all = new torch::Library(
+      torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  register_fallback(*all);
+}
+
+} // namespace openreg
