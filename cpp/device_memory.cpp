@@ -32,10 +32,14 @@ at::Tensor copy_to_device(const at::Tensor& host, c10::Device device) {
   return copy;
 }
 
-void launch(c10::DeviceIndex device, std::function<void()> body, bool blocking) {
+void launch(c10::DeviceIndex device, std::function<void()> body, ffi::LaunchMode mode) {
   auto kernel = std::make_unique<ffi::Kernel>();
   kernel->body = std::move(body);
-  checked([&] { ffi::launch_kernel(device, std::move(kernel), blocking); });
+  checked([&] { ffi::launch_kernel(device, std::move(kernel), mode); });
+}
+
+ffi::LaunchMode launch_mode_for(int64_t numel) {
+  return numel <= kInlineKernelElements ? ffi::LaunchMode::InlineIfIdle : ffi::LaunchMode::Queue;
 }
 
 void synchronize_current_stream(c10::DeviceIndex device) {

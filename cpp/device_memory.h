@@ -7,6 +7,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "torch_openreg/src/ffi.rs.h"
+
 namespace openreg {
 
 // A CPU tensor over the same bytes as the openreg tensor `t` (same storage
@@ -21,10 +23,15 @@ at::Tensor cpu_view(const at::Tensor& t);
 at::Tensor copy_to_device(const at::Tensor& host, c10::Device device);
 
 // Runs `body` on the current stream of `device` with device memory
-// accessible. Returns at once unless `blocking`, which waits for it and
-// rethrows its failure; an asynchronous failure is reported by the stream's
-// next synchronize.
-void launch(c10::DeviceIndex device, std::function<void()> body, bool blocking);
+// accessible, as `mode` says (see ffi::LaunchMode). A failure of a queued
+// kernel is reported by the stream's next synchronize; otherwise rethrown.
+void launch(c10::DeviceIndex device, std::function<void()> body, ffi::LaunchMode mode);
+
+// Kernels up to this many elements run inline on an idle stream.
+constexpr int64_t kInlineKernelElements = 1 << 16;
+
+// The launch mode for a kernel touching `numel` elements.
+ffi::LaunchMode launch_mode_for(int64_t numel);
 
 // Waits for everything queued on the current stream of `device`.
 void synchronize_current_stream(c10::DeviceIndex device);

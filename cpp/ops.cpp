@@ -127,7 +127,7 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
 
 at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
   c10::DeviceGuard guard(self.device());
-  launch(self.device().index(), [self, value] { cpu_view(self).fill_(value); }, false);
+  launch(self.device().index(), [self, value] { cpu_view(self).fill_(value); }, launch_mode_for(self.numel()));
   return self;
 }
 
@@ -161,7 +161,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
         at::Tensor target = dst_on_device ? cpu_view(dst) : dst;
         target.copy_(src_on_device ? cpu_view(src) : src);
       },
-      !asynchronous);
+      asynchronous ? launch_mode_for(src.numel()) : ffi::LaunchMode::Wait);
   if (cross_device) {
     checked([&] { ffi::stream_wait_stream(dst.device().index(), device); });
   }

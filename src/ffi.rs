@@ -65,6 +65,17 @@ mod bridge {
         total: usize,
     }
 
+    /// How `launch_kernel` runs a kernel on the current stream.
+    enum LaunchMode {
+        /// Queue it and return.
+        Queue,
+        /// Queue it and wait for it, reporting its failure.
+        Wait,
+        /// Run it right here if the stream is idle, else queue it
+        /// (Note [Inline launches]); for short kernels.
+        InlineIfIdle,
+    }
+
     // Rust functions the C++ shim calls.
     extern "Rust" {
         // Devices (see Note [Current device], Note [Contexts]).
@@ -121,10 +132,25 @@ mod bridge {
         type AccessWindow;
         fn open_access_window() -> Box<AccessWindow>;
 
-        // Kernels: run `kernel` on the current stream of `device`, queued;
-        // `blocking` also waits for it (and reports its failure).
-        fn launch_kernel(device: i8, kernel: UniquePtr<Kernel>, blocking: bool) -> Result<()>;
-        fn stream_idle(device: i8) -> Result<bool>;
+        // Kernels: run `kernel` on the current stream of `device`.
+        fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMode) -> Result<()> {
+    let index = device::check_index(device::resolve(device.into()))?;
+    let stream = stream::lookup(index.into(), stream::current_stream_id(index))?;
+    let task = stream::Task::Run(Box::new(move || {
+        let kernel = kernel.as_mut().expect("a launched kernel is never null");
+        bridge::run_kernel(kernel).map_err(|e| crate::error::Error::invalid_value(e.what().to_string()))
+    }));
+    match mode {
+        LaunchMode::InlineIfIdle => stream.run_inline_or_submit(task),
+        LaunchMode::Wait => {
+            let seq = stream.submit(task)?;
+            stream.wait_for(seq, true)
+        }
+        _ => stream.submit(task).map(drop),
+    }
+}
+
+fn stream_idle(device: i8) -> Result<bool>;
         /// Makes the current stream of `waiter` wait for everything queued so
         /// far on the current stream of `device`.
         fn stream_wait_stream(waiter: i8, device: i8) -> Result<()>;
@@ -152,7 +178,7 @@ mod bridge {
 unsafe impl Send for bridge::Kernel {}
 
 pub use bridge::{backend_registered, emit_warning, register_backend};
-use bridge::{Allocation, DeviceStatsFfi, Kernel, MemoryInfo, StatArrayFfi, StatFfi};
+use bridge::{Allocation, DeviceStatsFfi, Kernel, LaunchMode, MemoryInfo, StatArrayFfi, StatFfi};
 pub use memory::AccessWindow;
 
 fn device_count() -> i8 {

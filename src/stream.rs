@@ -15,6 +15,13 @@
 //! before sleeping on `progress`; the worker notifies `progress` after each
 //! bump, so no wake-up can be lost.
 //!
+//! Note [Inline launches]: a short kernel launched on an idle stream may run
+//! on the calling thread instead of waking the worker: the stream reserves
+//! the next sequence number for it and is busy until it finishes; work
+//! submitted meanwhile queues behind it (the worker does not start a task
+//! while an inline one runs). The result is the same order as queuing, less
+//! two thread hand-offs.
+//!
 //! Note [Idle workers]: a stream's worker thread is spawned by the first
 //! submission and exits after `OPENREG_WORKER_IDLE_MS` with nothing to do, so a
 //! process that touched a hundred streams keeps no hundred idle threads, and
@@ -65,6 +72,8 @@ struct QueueState {
     submitted: u64,
     completed: u64,
     worker_running: bool,
+    /// A task runs on a caller's thread (Note [Inline launches]).
+    inline_running: bool,
     shutting_down: bool,
     /// A task that panicked; reported by the next `synchronize`.
     deferred_error: Option<Error>,
@@ -93,6 +102,7 @@ impl StreamQueue {
                 submitted: 0,
                 completed: 0,
                 worker_running: false,
+                inline_running: false,
                 shutting_down: false,
                 deferred_error: None,
             }),
@@ -174,22 +184,18 @@ impl StreamQueue {
         let idle = Duration::from_millis(options::get().worker_idle_ms);
         let mut st = self.state.lock();
         loop {
-            if let Some(task) = st.tasks.pop_front() {
-                drop(st);
-                let outcome = catch_unwind(AssertUnwindSafe(|| run(task)));
-                st = self.state.lock();
-                match outcome {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        st.deferred_error.get_or_insert(Error::new(e.kind, format!("a kernel on {self} failed: {e}")));
+            if !st.inline_running {
+                if let Some(task) = st.tasks.pop_front() {
+                    drop(st);
+                    let outcome = catch_unwind(AssertUnwindSafe(|| run(task)));
+                    st = self.state.lock();
+                    if let Err(e) = self.flatten(outcome) {
+                        st.deferred_error.get_or_insert(e);
                     }
-                    Err(panic) => {
-                        st.deferred_error.get_or_insert_with(|| task_failed(self, panic));
-                    }
+                    st.completed += 1;
+                    self.progress.notify_all();
+                    continue;
                 }
-                st.completed += 1;
-                self.progress.notify_all();
-                continue;
             }
             if st.shutting_down || self.work_available.wait_for(&mut st, idle).timed_out() && st.tasks.is_empty() {
                 st.worker_running = false;
@@ -197,6 +203,36 @@ impl StreamQueue {
                 return;
             }
         }
+    }
+
+    fn flatten(&self, outcome: std::thread::Result<Result<()>>) -> Result<()> {
+        match outcome {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(Error::new(e.kind, format!("a kernel on {self} failed: {e}"))),
+            Err(panic) => Err(task_failed(self, panic)),
+        }
+    }
+
+    /// Runs `task` on the calling thread if the stream is idle, else queues
+    /// it (Note [Inline launches]). An inline task's failure is returned.
+    pub fn run_inline_or_submit(&'static self, task: Task) -> Result<()> {
+        {
+            let mut st = self.state.lock();
+            if st.completed != st.submitted || st.shutting_down {
+                drop(st);
+                return self.submit(task).map(drop);
+            }
+            st.submitted += 1;
+            st.inline_running = true;
+        }
+        let outcome = catch_unwind(AssertUnwindSafe(|| run(task)));
+        let mut st = self.state.lock();
+        st.completed += 1;
+        st.inline_running = false;
+        self.progress.notify_all();
+        self.work_available.notify_one();
+        drop(st);
+        self.flatten(outcome)
     }
 
     /// True when every submitted task has finished running.
