@@ -17,7 +17,8 @@
 #      `torch` package directory, the one holding include/ and lib/;
 #   2. DEFAULT_DIR, if it holds torch (the installed package passes the torch
 #      the library was built against);
-#   3. asking Python: $PYTHON, else python3 (as build.rs does).
+#   3. asking Python: Python3_EXECUTABLE if set, else $PYTHON, else python3
+#      (the last two as build.rs does).
 # Which C++ ABI it uses (_GLIBCXX_USE_CXX11_ABI), never hard-coded: the cache
 # variable OPENREG_TORCH_CXX11_ABI if set, else
 # torch._C._GLIBCXX_USE_CXX11_ABI when Python located torch, else
@@ -95,7 +96,9 @@ function(_openreg_locate_torch)
 endfunction()
 
 function(_openreg_torch_from_python out_dir out_abi out_python)
-  if(NOT "$ENV{PYTHON}" STREQUAL "")
+  if(Python3_EXECUTABLE)
+    set(python "${Python3_EXECUTABLE}")
+  elseif(NOT "$ENV{PYTHON}" STREQUAL "")
     set(python "$ENV{PYTHON}")
   else()
     find_program(OPENREG_PYTHON3 python3)

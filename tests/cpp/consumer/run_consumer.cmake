@@ -5,7 +5,8 @@
 #
 #   cmake -DTREE=build|install -DBUILD_DIR=<torch_openreg build dir>
 #         -DSOURCE_DIR=<this dir> -DWORK_DIR=<scratch dir>
-#         -DGENERATOR=<generator> -DCXX_COMPILER=<compiler> -P run_consumer.cmake
+#         -DGENERATOR=<generator> -DMAKE_PROGRAM=<its build program>
+#         -DCXX_COMPILER=<compiler> -P run_consumer.cmake
 
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE out)
@@ -25,7 +26,7 @@ else()
 endif()
 
 run("${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${WORK_DIR}/build" -G "${GENERATOR}"
-    "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}" -DCMAKE_BUILD_TYPE=Release
+    "-DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}" "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}" -DCMAKE_BUILD_TYPE=Release
     "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--as-needed" "${locate}")
 run("${CMAKE_COMMAND}" --build "${WORK_DIR}/build")
 run("${WORK_DIR}/build/consumer")
