@@ -83,16 +83,7 @@ def test_set_device_error_names_index_and_count():
         pytest.param(lambda: torch.openreg.default_stream(2**32), id="default_stream_2**32"),
     ],
 )
-def test_huge_device_index_is_rejected(call, request):
-    if "default_stream" not in request.node.callspec.id:
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="BUG: device indices are truncated instead of range-checked "
-                "(module.c casts PyLong_AsLong to int; torch.device truncates to int8), "
-                "so set_device(2**32 + 1) silently selects device 1",
-            )
-        )
+def test_huge_device_index_is_rejected(call):
     with pytest.raises((RuntimeError, ValueError, OverflowError), match=r"4294967296|4294967297|out of range|too large"):
         call()
     assert torch.openreg.current_device() == 0
@@ -350,13 +341,6 @@ def test_invalid_device_count_warns_once(value):
 
 
 @pytest.mark.subprocess
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the invalid OPENREG_DEVICE_COUNT warning goes to stderr through c10's default "
-    "warning handler instead of Python's warnings module when the first reader is "
-    "torch_openreg._C (plain C, no PyWarningHandler), so warnings.catch_warnings / "
-    "pytest.warns / -W error cannot see it",
-)
 def test_invalid_device_count_warning_is_a_python_warning():
     result = BAD_COUNTS["abc"].result()
     result.check_ok()

@@ -225,12 +225,6 @@ def test_synchronize_takes_a_device_argument():
 
 
 @pytest.mark.subprocess
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: torch.openreg.synchronize() goes through torch.accelerator.synchronize, which "
-    "returns at once, without calling synchronizeDevice, until torch's own lazy device "
-    "init has run (any torch.accelerator.* call does that; torch.openreg.init() does not)",
-)
 def test_synchronize_waits_as_first_call_in_fresh_process():
     data = FRESH.result().check_ok()
     assert data["first_synchronize_s"] >= 0.25, data

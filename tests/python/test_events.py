@@ -163,12 +163,6 @@ def test_elapsed_time_with_idle_start():
     assert 110 <= start.elapsed_time(end) <= 270
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: torch.openreg.Event is a Python subclass of torch.Event, and "
-    "torch.Event.elapsed_time(other) rejects subclass instances as `other` "
-    "('expected other to be a torch.Event object')",
-)
 def test_openreg_event_elapsed_time():
     s = new_stream(1)
     start, end = torch.openreg.Event(enable_timing=True), torch.openreg.Event(enable_timing=True)

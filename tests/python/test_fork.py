@@ -115,13 +115,6 @@ def test_child_of_initialized_parent_gets_clear_errors(fork_result):
 
 
 @pytest.mark.subprocess
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: torch.openreg.synchronize() goes through torch.accelerator.synchronize, which "
-    "returns without calling the guard until torch's own lazy device init has run; "
-    "torch.openreg.init() does not run it, so in the fork child the first "
-    "synchronize() silently succeeds",
-)
 def test_child_first_synchronize_raises(fork_result):
     out, _ = fork_result["initialized"]
     assert out["synchronize"] is not None and out["synchronize"].startswith(FORK_MESSAGE), out["synchronize"]
