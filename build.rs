@@ -76,6 +76,9 @@ fn main() {
     }
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     println!("cargo:rustc-link-lib=dylib=stdc++");
+    // Calls from the C++ shim into the bridge's exported Rust functions bind
+    // inside the library (no PLT hop) — they are on the device-guard hot path.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
 
     for path in sources.iter().chain(&["cpp/shim.h", "cpp/checked.h", "cpp/backend.h", "cpp/device_memory.h", "src/ffi.rs"]) {
         println!("cargo:rerun-if-changed={path}");

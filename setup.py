@@ -29,13 +29,20 @@ class BuildWithCargo(build_ext):
         super().run()
 
 
+import torch  # noqa: E402  (installed first: see the module docstring)
+
+TORCH_DIR = os.path.dirname(torch.__file__)
+
 extension = Extension(
     "torch_openreg._C",
-    sources=["cpp/python/module.c"],
-    include_dirs=[os.path.join(ROOT, "include")],
-    library_dirs=[CARGO_OUT],
-    libraries=["torch_openreg"],
-    runtime_library_dirs=["$ORIGIN/lib"],
+    sources=["cpp/python/module.cpp"],
+    language="c++",
+    include_dirs=[os.path.join(ROOT, "include"), os.path.join(TORCH_DIR, "include")],
+    define_macros=[("_GLIBCXX_USE_CXX11_ABI", str(int(torch._C._GLIBCXX_USE_CXX11_ABI)))],
+    extra_compile_args=["-std=c++20"],
+    library_dirs=[CARGO_OUT, os.path.join(TORCH_DIR, "lib")],
+    libraries=["torch_openreg", "c10"],
+    runtime_library_dirs=["$ORIGIN/lib", os.path.join(TORCH_DIR, "lib")],
 )
 
 setup(ext_modules=[extension], cmdclass={"build_ext": BuildWithCargo})

@@ -39,13 +39,18 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return kOpenReg;
   }
 
+  // See Note [Guard hot path] in src/ffi.rs.
   c10::Device exchangeDevice(c10::Device device) const override {
     check_device_type(device, "exchangeDevice");
-    return c10::Device(kOpenReg, checked([&] { return ffi::exchange_device(device.index()); }));
+    c10::DeviceIndex previous = openreg_guard_exchange_device(device.index());
+    if (C10_UNLIKELY(previous < 0)) {
+      previous = checked([&] { return ffi::exchange_device(device.index()); }); // throws the reason
+    }
+    return c10::Device(kOpenReg, previous);
   }
 
   c10::Device getDevice() const override {
-    return c10::Device(kOpenReg, ffi::current_device());
+    return c10::Device(kOpenReg, openreg_guard_current_device());
   }
 
   void setDevice(c10::Device device) const override {
@@ -55,7 +60,7 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   // REQUIRED to not raise: an invalid device is ignored with a one-time warning.
   void uncheckedSetDevice(c10::Device device) const noexcept override {
-    ffi::unchecked_set_device(device.index());
+    openreg_guard_unchecked_set_device(device.index());
   }
 
   c10::Stream getStream(c10::Device device) const override {
@@ -166,7 +171,7 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   // validated so a bad stream is reported rather than answered.
   bool isStreamCapturing(const c10::Stream& stream) const override {
     check_stream_type(stream, "isStreamCapturing");
-    checked([&] { ffi::current_stream(stream.device_index()); });
+    checked([&] { ffi::check_stream(stream.device_index(), stream.id()); });
     return false;
   }
 

@@ -24,3 +24,10 @@ struct Kernel {
 void run_kernel(Kernel& kernel);
 
 } // namespace openreg::ffi
+
+// The guard's hot path, outside cxx: see Note [Guard hot path] in src/ffi.rs.
+extern "C" {
+int8_t openreg_guard_current_device() noexcept;
+int8_t openreg_guard_exchange_device(int8_t index) noexcept;
+void openreg_guard_unchecked_set_device(int8_t index) noexcept;
+}

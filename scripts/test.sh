@@ -6,6 +6,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+# build.rs, setup.py and CMake all hand cargo the same interpreter, so the
+# shim is compiled once, not once per builder.
+export PYTHON=$("$PYTHON" -c 'import sys; print(sys.executable)')
 
 bash scripts/install.sh --no-demo || exit 1
 

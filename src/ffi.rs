@@ -83,7 +83,6 @@ mod bridge {
         fn current_device() -> i8;
         fn set_device(index: i8) -> Result<()>;
         fn exchange_device(index: i8) -> Result<i8>;
-        fn unchecked_set_device(index: i8);
         fn check_device(index: i8) -> Result<()>;
         fn has_primary_context(index: i8) -> Result<bool>;
         fn init() -> Result<()>;
@@ -96,6 +95,7 @@ mod bridge {
         fn default_stream(device: i8) -> Result<i64>;
         fn pool_stream(device: i8, priority: i32) -> Result<i64>;
         fn exchange_stream(device: i8, id: i64) -> Result<i64>;
+        fn check_stream(device: i8, id: i64) -> Result<()>;
         fn stream_native_handle(device: i8, id: i64) -> Result<usize>;
         fn query_stream(device: i8, id: i64) -> Result<bool>;
         fn synchronize_stream(device: i8, id: i64) -> Result<()>;
@@ -181,6 +181,31 @@ pub use bridge::{backend_registered, emit_warning, register_backend};
 use bridge::{Allocation, DeviceStatsFfi, Kernel, LaunchMode, MemoryInfo, StatArrayFfi, StatFfi};
 pub use memory::AccessWindow;
 
+// Note [Guard hot path]: a c10::DeviceGuard costs an exchange and a restore
+// of the current device. These three run as plain C functions rather than
+// through cxx, whose per-call unwind guard costs about as much as the work:
+// they cannot panic (a const-initialized thread-local `Cell`) and report a
+// bad index by return value, after which the shim calls the bridge's
+// `exchange_device` for the full error. Declared in cpp/shim.h.
+
+/// This thread's current device.
+#[no_mangle]
+pub extern "C" fn openreg_guard_current_device() -> i8 {
+    device::current_device()
+}
+
+/// Exchanges the current device; -1 (and no change) for an invalid index.
+#[no_mangle]
+pub extern "C" fn openreg_guard_exchange_device(index: i8) -> i8 {
+    device::exchange_device(index.into()).unwrap_or(-1)
+}
+
+/// Restores a device; an invalid index is ignored with a one-time warning.
+#[no_mangle]
+pub extern "C" fn openreg_guard_unchecked_set_device(index: i8) {
+    device::unchecked_set_device(index.into())
+}
+
 fn device_count() -> i8 {
     device::device_count() as i8
 }
@@ -195,10 +220,6 @@ fn set_device(index: i8) -> Result<()> {
 
 fn exchange_device(index: i8) -> Result<i8> {
     device::exchange_device(index.into())
-}
-
-fn unchecked_set_device(index: i8) {
-    device::unchecked_set_device(index.into())
 }
 
 fn check_device(index: i8) -> Result<()> {
@@ -242,6 +263,11 @@ fn pool_stream(device: i8, priority: i32) -> Result<i64> {
 fn exchange_stream(device: i8, id: i64) -> Result<i64> {
     let device = device::check_index(device::resolve(device.into()))?;
     stream::exchange_current_stream(device, id as StreamId)
+}
+
+fn check_stream(device: i8, id: i64) -> Result<()> {
+    let device = device::check_index(device::resolve(device.into()))?;
+    stream::check_stream_id(device, id)
 }
 
 fn stream_native_handle(device: i8, id: i64) -> Result<usize> {

@@ -30,6 +30,10 @@ def _device_index(device: Any, optional: bool = False) -> int:
             return _C._get_device()
         return device.index
     if isinstance(device, int) and not isinstance(device, bool):
+        count = _C._device_count()
+        if device >= count:
+            # Checked here: torch.device would silently truncate a huge index.
+            raise RuntimeError(f"openreg device index {device} is out of range: there are {count} devices")
         return device
     raise TypeError(f"expected an int, str or torch.device naming an openreg device, but got {device!r}")
 
@@ -65,7 +69,7 @@ def set_device(device: Any) -> None:
 
 def synchronize(device: Any = None) -> None:
     """Wait for all work on every stream of ``device`` (default: current)."""
-    torch.accelerator.synchronize(torch.device(_DEVICE_TYPE, _device_index(device, optional=True)))
+    _C._synchronize(_device_index(device, optional=True))
 
 
 class _DeviceProperties(NamedTuple):

@@ -28,17 +28,14 @@ class Stream(torch.Stream):
         return cls(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
 
 
-class Event(torch.Event):
-    """An openreg event; ``enable_timing=True`` allows ``elapsed_time``."""
+def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:  # noqa: N802
+    """An openreg event: a ``torch.Event`` of the openreg device.
 
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> "Event":
-        return super().__new__(
-            cls,
-            device=_DEVICE_TYPE,
-            enable_timing=enable_timing,
-            blocking=blocking,
-            interprocess=interprocess,
-        )
+    ``enable_timing=True`` allows ``elapsed_time``. A factory rather than a
+    subclass: ``torch.Event.elapsed_time`` accepts only exact ``torch.Event``
+    objects as its argument.
+    """
+    return torch.Event(device=_DEVICE_TYPE, enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
 
 
 def current_stream(device: Any = None) -> Stream:
@@ -56,7 +53,9 @@ def default_stream(device: Any = None) -> Stream:
 
 
 def set_stream(stream: torch.Stream) -> None:
-    """Make ``stream`` current for its device on this thread (the current device is unchanged)."""
+    """Make ``stream`` current for its device on this thread, and make its
+    device current, as ``torch.cuda.set_stream`` does. (The guard's
+    ``exchangeStream`` is what leaves the current device alone.)"""
     if stream is None:
         return
     if stream.device.type != _DEVICE_TYPE:

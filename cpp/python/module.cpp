@@ -1,13 +1,34 @@
-/*
- * torch_openreg._C: the Python bindings the torch_openreg package uses.
- * Plain CPython over the C ABI of include/openreg.h; every failure becomes a
- * RuntimeError carrying the runtime's message.
- */
+// torch_openreg._C: the Python bindings the torch_openreg package uses.
+// CPython over the C ABI of include/openreg.h; every failure becomes a
+// RuntimeError carrying the runtime's message.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <time.h>
+
+#include <climits>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include <c10/util/Exception.h>
 
 #include "openreg.h"
+
+// Reads a device index, rejecting values that do not fit an int (they would
+// otherwise be truncated into a valid-looking index).
+static bool parse_device(PyObject* arg, int* device) {
+  long long value = PyLong_AsLongLong(arg);
+  if (value == -1 && PyErr_Occurred())
+    return false;
+  if (value < INT_MIN || value > INT_MAX) {
+    int count = 0;
+    orGetDeviceCount(&count);
+    PyErr_Format(
+        PyExc_RuntimeError, "openreg device index %lld is out of range: there are %d devices", value, count);
+    return false;
+  }
+  *device = (int)value;
+  return true;
+}
 
 static PyObject* raise_error(int code) {
   const char* detail = orGetLastErrorMessage();
@@ -35,16 +56,16 @@ static PyObject* get_device(PyObject* self, PyObject* unused) {
 }
 
 static PyObject* set_device(PyObject* self, PyObject* arg) {
-  int device = (int)PyLong_AsLong(arg);
-  if (PyErr_Occurred())
+  int device = 0;
+  if (!parse_device(arg, &device))
     return NULL;
   CHECK(orSetDevice(device));
   Py_RETURN_NONE;
 }
 
 static PyObject* exchange_device(PyObject* self, PyObject* arg) {
-  int device = (int)PyLong_AsLong(arg), previous = 0;
-  if (PyErr_Occurred())
+  int device = 0, previous = 0;
+  if (!parse_device(arg, &device))
     return NULL;
   CHECK(orGetDevice(&previous));
   if (device != previous)
@@ -66,16 +87,32 @@ static PyObject* is_in_bad_fork(PyObject* self, PyObject* unused) {
 }
 
 static PyObject* has_primary_context(PyObject* self, PyObject* arg) {
-  int device = (int)PyLong_AsLong(arg), has = 0;
-  if (PyErr_Occurred())
+  int device = 0, has = 0;
+  if (!parse_device(arg, &device))
     return NULL;
   CHECK(orDeviceHasPrimaryContext(device, &has));
   return PyBool_FromLong(has);
 }
 
+// synchronize(device): waits for every stream of `device`, without the GIL.
+static PyObject* synchronize(PyObject* self, PyObject* arg) {
+  int device = 0, previous = 0;
+  if (!parse_device(arg, &device))
+    return NULL;
+  CHECK(orGetDevice(&previous));
+  CHECK(orSetDevice(device));
+  int code;
+  Py_BEGIN_ALLOW_THREADS
+  code = orDeviceSynchronize();
+  Py_END_ALLOW_THREADS
+  orSetDevice(previous);
+  CHECK(code);
+  Py_RETURN_NONE;
+}
+
 static PyObject* live_worker_count(PyObject* self, PyObject* arg) {
-  int device = (int)PyLong_AsLong(arg), count = 0;
-  if (PyErr_Occurred())
+  int device = 0, count = 0;
+  if (!parse_device(arg, &device))
     return NULL;
   CHECK(orDeviceGetLiveWorkerCount(device, &count));
   return PyLong_FromLong(count);
@@ -110,7 +147,12 @@ static PyObject* sleep_kernel(PyObject* self, PyObject* arg) {
   }
   orStream_t stream;
   CHECK(orStreamGetCurrent(-1, &stream));
-  CHECK(orLaunchHostFunc(stream, sleep_on_stream, (void*)(intptr_t)(ms * 1e6)));
+  int code;
+  // Without the GIL: with OPENREG_LAUNCH_BLOCKING=1 the launch waits.
+  Py_BEGIN_ALLOW_THREADS
+  code = orLaunchHostFunc(stream, sleep_on_stream, (void*)(intptr_t)(ms * 1e6));
+  Py_END_ALLOW_THREADS
+  CHECK(code);
   Py_RETURN_NONE;
 }
 
@@ -120,6 +162,7 @@ static PyMethodDef methods[] = {
     {"_set_device", set_device, METH_O, "Set this thread's current openreg device."},
     {"_exchange_device", exchange_device, METH_O, "Set the current device; return the previous one."},
     {"_init", init, METH_NOARGS, "Initialize the openreg runtime."},
+    {"_synchronize", synchronize, METH_O, "Wait for every stream of a device."},
     {"_is_initialized", is_initialized, METH_NOARGS, "Whether the runtime is initialized."},
     {"_is_in_bad_fork", is_in_bad_fork, METH_NOARGS, "Whether this is a fork child of an initialized process."},
     {"_has_primary_context", has_primary_context, METH_O, "Whether a device's context exists."},
@@ -132,6 +175,33 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "torch_openreg._C", NULL, -1, methods};
 
+// Collects c10 warnings (TORCH_WARN) instead of printing them.
+struct CollectWarnings final : c10::WarningHandler {
+  std::vector<std::string> messages;
+  void process(const c10::Warning& warning) override {
+    messages.push_back(warning.msg());
+  }
+};
+
+// The runtime reads its options on first use and warns about invalid ones
+// through TORCH_WARN. Reading them here, at import, turns those warnings into
+// Python UserWarnings (so -W error and warnings.catch_warnings see them)
+// instead of lines printed by c10's default handler.
+static bool read_options_with_python_warnings() {
+  CollectWarnings collected;
+  {
+    c10::WarningUtils::WarningHandlerGuard guard(&collected);
+    orGetOptions();
+  }
+  for (const std::string& message : collected.messages) {
+    if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0)
+      return false;
+  }
+  return true;
+}
+
 PyMODINIT_FUNC PyInit__C(void) {
+  if (!read_options_with_python_warnings())
+    return NULL;
   return PyModule_Create(&module);
 }

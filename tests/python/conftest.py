@@ -1,0 +1,59 @@
+"""Fixtures for the openreg Python tests.
+
+Run with ``python3 -m pytest tests/python -q`` against the installed
+torch_openreg package.
+"""
+
+import faulthandler
+import sys
+
+import pytest
+import torch
+
+import torch_openreg  # noqa: F401  (registers torch.openreg)
+
+from _openreg_util import shutdown_scripts, start_all_scripts
+
+# A test that hangs (a deadlock in the runtime) dumps every thread's stack
+# and ends the run instead of hanging it forever.
+_PER_TEST_HANG_LIMIT_S = 120
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "subprocess: the test checks a fresh Python subprocess")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Subprocess tests last: their scripts run in the background meanwhile,
+    so by then their results are (mostly) ready."""
+    items.sort(key=lambda item: item.get_closest_marker("subprocess") is not None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _background_scripts():
+    """Starts every declared subprocess script now, so they run while the
+    in-process tests do (see _openreg_util)."""
+    start_all_scripts()
+    yield
+    shutdown_scripts()
+
+
+@pytest.fixture(autouse=True)
+def _hang_guard():
+    faulthandler.dump_traceback_later(_PER_TEST_HANG_LIMIT_S, exit=True, file=sys.stderr)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture(autouse=True)
+def _restore_openreg_state():
+    """Each test starts on device 0 with the default streams current and
+    no work pending, whatever the previous test left behind."""
+    yield
+    count = torch.openreg.device_count()
+    for index in range(count):
+        torch.openreg.synchronize(index)
+    for index in reversed(range(count)):
+        torch.accelerator.set_stream(torch.openreg.default_stream(index))
+    torch.openreg.set_device(0)
+
