@@ -133,24 +133,7 @@ mod bridge {
         fn open_access_window() -> Box<AccessWindow>;
 
         // Kernels: run `kernel` on the current stream of `device`.
-        fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMode) -> Result<()> {
-    let index = device::check_index(device::resolve(device.into()))?;
-    let stream = stream::lookup(index.into(), stream::current_stream_id(index))?;
-    let task = stream::Task::Run(Box::new(move || {
-        let kernel = kernel.as_mut().expect("a launched kernel is never null");
-        bridge::run_kernel(kernel).map_err(|e| crate::error::Error::invalid_value(e.what().to_string()))
-    }));
-    match mode {
-        LaunchMode::InlineIfIdle => stream.run_inline_or_submit(task),
-        LaunchMode::Wait => {
-            let seq = stream.submit(task)?;
-            stream.wait_for(seq, true)
-        }
-        _ => stream.submit(task).map(drop),
-    }
-}
-
-fn stream_idle(device: i8) -> Result<bool>;
+        fn launch_kernel(device: i8, kernel: UniquePtr<Kernel>, mode: LaunchMode) -> Result<()>;
         /// Makes the current stream of `waiter` wait for everything queued so
         /// far on the current stream of `device`.
         fn stream_wait_stream(waiter: i8, device: i8) -> Result<()>;
@@ -446,22 +429,21 @@ fn open_access_window() -> Box<AccessWindow> {
     Box::new(AccessWindow::open())
 }
 
-fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, blocking: bool) -> Result<()> {
+fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMode) -> Result<()> {
     let index = device::check_index(device::resolve(device.into()))?;
     let stream = stream::lookup(index.into(), stream::current_stream_id(index))?;
-    let seq = stream.submit(stream::Task::Run(Box::new(move || {
+    let task = stream::Task::Run(Box::new(move || {
         let kernel = kernel.as_mut().expect("a launched kernel is never null");
         bridge::run_kernel(kernel).map_err(|e| crate::error::Error::invalid_value(e.what().to_string()))
-    })))?;
-    if blocking {
-        stream.wait_for(seq, true)?;
+    }));
+    match mode {
+        LaunchMode::InlineIfIdle => stream.run_inline_or_submit(task),
+        LaunchMode::Wait => {
+            let seq = stream.submit(task)?;
+            stream.wait_for(seq, true)
+        }
+        _ => stream.submit(task).map(drop),
     }
-    Ok(())
-}
-
-fn stream_idle(device: i8) -> Result<bool> {
-    let index = device::check_index(device::resolve(device.into()))?;
-    Ok(stream::lookup(index.into(), stream::current_stream_id(index))?.query())
 }
 
 fn stream_wait_stream(waiter: i8, device: i8) -> Result<()> {
