@@ -1,5 +1,6 @@
 // openreg's c10::impl::DeviceGuardImplInterface: every method forwards to the
 // Rust runtime through the bridge. Contracts are quoted from the interface.
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "torch_openreg/cpp/backend.h"
@@ -173,6 +174,13 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     check_stream_type(stream, "isStreamCapturing");
     checked([&] { ffi::check_stream(stream.device_index(), stream.id()); });
     return false;
+  }
+
+  // Tells the caching allocator that `data_ptr` is used on `stream` too, so
+  // its memory is not reused before that stream's queued work is done.
+  void recordDataPtrOnStream(const c10::DataPtr& data_ptr, const c10::Stream& stream) const override {
+    check_stream_type(stream, "recordDataPtrOnStream");
+    c10::getDeviceAllocator(kOpenReg)->recordStream(data_ptr, stream);
   }
 
   void synchronizeEvent(void* event) const override {

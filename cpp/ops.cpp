@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -168,6 +169,11 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   return dst;
 }
 
+// Tensor.record_stream(s): see recordDataPtrOnStream.
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  c10::getDeviceAllocator(c10::kPrivateUse1)->recordStream(self.storage().data_ptr(), stream);
+}
+
 at::Tensor copy_from_and_resize(const at::Tensor& src, const at::Tensor& dst) {
   dst.resize_(src.sizes());
   return copy_from(src, dst, false);
@@ -193,6 +199,7 @@ void register_ops() {
   aten->impl("zero_", TORCH_FN(zero));
   aten->impl("_copy_from", TORCH_FN(copy_from));
   aten->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  aten->impl("record_stream", TORCH_FN(record_stream));
   register_convolution(*aten);
 
   static auto* all = new torch::Library(

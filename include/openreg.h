@@ -11,6 +11,7 @@
 #ifndef OPENREG_H
 #define OPENREG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -25,6 +26,7 @@ typedef enum orError {
   orErrorNotReady = 4,
   orErrorBadFork = 5,
   orErrorNoDevice = 6,
+  orErrorMemoryAllocation = 7,
 } orError_t;
 
 typedef struct orStream_st* orStream_t;
@@ -49,6 +51,13 @@ int orDeviceSynchronize(void);
 int orDeviceHasPrimaryContext(int device, int* has_context);
 int orDeviceGetLiveWorkerCount(int device, int* count);
 int orDeviceGetStreamPriorityRange(int* least, int* greatest);
+
+/* Device memory, from the caching allocator of the current device (reuse is
+ * ordered on the current stream, as for PyTorch tensors). */
+int orMalloc(void** ptr, size_t size);
+int orFree(void* ptr);
+int orMemGetInfo(size_t* free, size_t* total);
+int orSetMemoryFraction(int device, double fraction);
 
 /* Streams. device -1 means the current device. */
 int orStreamGetCurrent(int device, orStream_t* stream);

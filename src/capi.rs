@@ -75,6 +75,7 @@ pub extern "C" fn orGetErrorString(error: OrError) -> *const c_char {
         4 => c"not ready",
         5 => c"used in a forked child of an initialized process",
         6 => c"no openreg device is available",
+        7 => c"out of device memory",
         _ => c"unknown error code",
     };
     text.as_ptr()
@@ -268,6 +269,39 @@ pub extern "C" fn orEventDestroy(event: *mut c_void) -> OrError {
         unsafe { handle::release(event.cast()) };
         Ok(())
     })
+}
+
+/// `size` bytes of device memory on the current device, for its current
+/// stream (like `cudaMalloc`, but stream-ordered reuse as in PyTorch's cache).
+#[no_mangle]
+pub extern "C" fn orMalloc(ptr: *mut *mut c_void, size: usize) -> OrError {
+    guarded(|| {
+        let ctx = device::context(device::current_device().into())?;
+        let stream = ctx.streams.get(stream::current_stream_id(ctx.index))?;
+        let got = ctx.allocator.malloc(size, stream).map_err(|e| e.error)?;
+        put(ptr, got as *mut c_void)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn orFree(ptr: *mut c_void) -> OrError {
+    guarded(|| crate::allocator::free_anywhere(ptr as usize))
+}
+
+/// Free and total bytes of the current device.
+#[no_mangle]
+pub extern "C" fn orMemGetInfo(free: *mut usize, total: *mut usize) -> OrError {
+    guarded(|| {
+        let (f, t) = device::context(device::current_device().into())?.allocator.memory_info();
+        put(free, f)?;
+        put(total, t)
+    })
+}
+
+/// Caps what this process may reserve on `device` at `fraction` of it.
+#[no_mangle]
+pub extern "C" fn orSetMemoryFraction(device: c_int, fraction: f64) -> OrError {
+    guarded(|| device::context(device::resolve(device.into()))?.allocator.set_memory_fraction(fraction))
 }
 
 static OPTIONS_TEXT: Lazy<CString> = Lazy::new(|| {

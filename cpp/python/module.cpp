@@ -110,6 +110,16 @@ static PyObject* synchronize(PyObject* self, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
+static PyObject* set_memory_fraction(PyObject* self, PyObject* args) {
+  PyObject* device_arg;
+  double fraction;
+  int device = 0;
+  if (!PyArg_ParseTuple(args, "Od", &device_arg, &fraction) || !parse_device(device_arg, &device))
+    return NULL;
+  CHECK(orSetMemoryFraction(device, fraction));
+  Py_RETURN_NONE;
+}
+
 static PyObject* live_worker_count(PyObject* self, PyObject* arg) {
   int device = 0, count = 0;
   if (!parse_device(arg, &device))
@@ -163,6 +173,7 @@ static PyMethodDef methods[] = {
     {"_exchange_device", exchange_device, METH_O, "Set the current device; return the previous one."},
     {"_init", init, METH_NOARGS, "Initialize the openreg runtime."},
     {"_synchronize", synchronize, METH_O, "Wait for every stream of a device."},
+    {"_set_memory_fraction", set_memory_fraction, METH_VARARGS, "(device, fraction): cap reservations."},
     {"_is_initialized", is_initialized, METH_NOARGS, "Whether the runtime is initialized."},
     {"_is_in_bad_fork", is_in_bad_fork, METH_NOARGS, "Whether this is a fork child of an initialized process."},
     {"_has_primary_context", has_primary_context, METH_O, "Whether a device's context exists."},
