@@ -60,6 +60,7 @@ fn main() {
         "cpp/ops.cpp",
         "cpp/fallback.cpp",
         "cpp/convolution.cpp",
+        "cpp/elementwise.cpp",
     ];
     cxx_build::bridge("src/ffi.rs")
         .files(sources)

@@ -6,6 +6,7 @@
 
 #include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/checked.h"
+#include "torch_openreg/cpp/device_memory.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 namespace openreg {
@@ -68,7 +69,7 @@ struct OpenRegDeviceAllocator final : public c10::DeviceAllocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     c10::DeviceIndex device = ffi::current_device();
     checked([&] { ffi::synchronize_stream(device, ffi::current_stream(device)); });
-    auto window = ffi::open_access_window();
+    DeviceAccess access;
     default_copy_data(dest, src, count);
   }
 

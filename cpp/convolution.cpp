@@ -32,7 +32,7 @@ at::Tensor convolution(
     int64_t groups) {
   c10::DeviceGuard guard(input.device());
   synchronize_current_stream(input.device().index());
-  auto window = ffi::open_access_window();
+  DeviceAccess access;
   at::Tensor out = at::convolution(
       cpu_view(input), cpu_view(weight), optional_view(bias), stride, padding, dilation, transposed,
       output_padding, groups);
@@ -52,7 +52,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     std::array<bool, 3> output_mask) {
   c10::DeviceGuard guard(input.device());
   synchronize_current_stream(input.device().index());
-  auto window = ffi::open_access_window();
+  DeviceAccess access;
   // The bias has one entry per output channel.
   std::vector<int64_t> bias_sizes{transposed ? weight.size(1) * groups : weight.size(0)};
   auto [grad_input, grad_weight, grad_bias] = at::convolution_backward(

@@ -32,7 +32,7 @@ at::Tensor copy_to_device(const at::Tensor& host, c10::Device device) {
   return copy;
 }
 
-void launch(c10::DeviceIndex device, std::function<void()> body, ffi::LaunchMode mode) {
+void queue_kernel(c10::DeviceIndex device, std::function<void()> body, ffi::LaunchMode mode) {
   auto kernel = std::make_unique<ffi::Kernel>();
   kernel->body = std::move(body);
   checked([&] { ffi::launch_kernel(device, std::move(kernel), mode); });

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "torch_openreg/cpp/checked.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 namespace openreg {
@@ -22,10 +23,43 @@ at::Tensor cpu_view(const at::Tensor& t);
 // (same sizes and strides). Device memory must be accessible.
 at::Tensor copy_to_device(const at::Tensor& host, c10::Device device);
 
+// Device memory is accessible to host code while this lives (Note [Memory
+// protection] in src/memory.rs). Free unless OPENREG_MEMORY_PROTECT=1.
+class DeviceAccess {
+ public:
+  DeviceAccess() {
+    ffi::begin_device_access();
+  }
+  ~DeviceAccess() {
+    ffi::end_device_access();
+  }
+  DeviceAccess(const DeviceAccess&) = delete;
+  DeviceAccess& operator=(const DeviceAccess&) = delete;
+};
+
+// Queues `body` as a kernel on the current stream of `device` (see
+// ffi::LaunchMode). A failure of a queued kernel is reported by the stream's
+// next synchronize; otherwise rethrown.
+void queue_kernel(c10::DeviceIndex device, std::function<void()> body, ffi::LaunchMode mode);
+
 // Runs `body` on the current stream of `device` with device memory
-// accessible, as `mode` says (see ffi::LaunchMode). A failure of a queued
-// kernel is reported by the stream's next synchronize; otherwise rethrown.
-void launch(c10::DeviceIndex device, std::function<void()> body, ffi::LaunchMode mode);
+// accessible, as `mode` says. InlineIfIdle on an idle stream runs it right
+// here, without packaging it as a queued kernel.
+template <typename Body>
+void launch(c10::DeviceIndex device, Body&& body, ffi::LaunchMode mode) {
+  if (mode == ffi::LaunchMode::InlineIfIdle && checked([&] { return ffi::begin_inline_kernel(device); })) {
+    struct EndInline {
+      c10::DeviceIndex device;
+      ~EndInline() {
+        ffi::end_inline_kernel(device);
+      }
+    } end_inline{device};
+    DeviceAccess access;
+    body();
+    return;
+  }
+  queue_kernel(device, std::forward<Body>(body), mode);
+}
 
 // Kernels up to this many elements run inline on an idle stream.
 constexpr int64_t kInlineKernelElements = 1 << 16;

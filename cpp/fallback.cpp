@@ -141,7 +141,7 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   c10::DeviceGuard guard(rewriter.device());
   synchronize_current_stream(rewriter.device().index());
   {
-    auto window = ffi::open_access_window();
+    DeviceAccess access;
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
     for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
       c10::IValue& result = (*stack)[i];

@@ -80,7 +80,7 @@ struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
     at::DataPtr fresh = storage.allocator()->allocate(new_bytes);
     size_t keep = std::min(new_bytes, storage.nbytes());
     if (keep > 0) {
-      auto window = ffi::open_access_window();
+      DeviceAccess access;
       std::memcpy(fresh.get(), storage.data(), keep);
     }
     storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(fresh));

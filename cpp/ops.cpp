@@ -23,6 +23,7 @@ namespace openreg {
 
 void register_fallback(torch::Library& library);
 void register_convolution(torch::Library& aten);
+void register_elementwise(torch::Library& aten);
 
 namespace {
 
@@ -95,7 +96,7 @@ const at::Tensor& resize_(
     std::optional<c10::MemoryFormat> memory_format) {
   c10::DeviceGuard guard(self.device());
   synchronize_current_stream(self.device().index());
-  auto window = ffi::open_access_window();
+  DeviceAccess access;
   return at::native::resize_(self, size, memory_format);
 }
 
@@ -122,7 +123,7 @@ at::Tensor& set_source_storage_offset(
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   c10::DeviceGuard guard(self.device());
   synchronize_current_stream(self.device().index());
-  auto window = ffi::open_access_window();
+  DeviceAccess access;
   return at::native::_local_scalar_dense_cpu(cpu_view(self));
 }
 
@@ -201,6 +202,7 @@ void register_ops() {
   aten->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   aten->impl("record_stream", TORCH_FN(record_stream));
   register_convolution(*aten);
+  register_elementwise(*aten);
 
   static auto* all = new torch::Library(
       torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);

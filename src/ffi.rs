@@ -127,13 +127,18 @@ mod bridge {
         fn host_free(ptr: usize);
         fn is_pinned(ptr: usize) -> bool;
 
-        /// Makes device memory accessible to host code while alive
-        /// (Note [Memory protection]).
-        type AccessWindow;
-        fn open_access_window() -> Box<AccessWindow>;
+        /// Device memory is accessible to host code between these calls
+        /// (Note [Memory protection]); C++ pairs them with `DeviceAccess`.
+        fn begin_device_access();
+        fn end_device_access();
 
         // Kernels: run `kernel` on the current stream of `device`.
         fn launch_kernel(device: i8, kernel: UniquePtr<Kernel>, mode: LaunchMode) -> Result<()>;
+        /// If the current stream of `device` is idle, reserves it for a
+        /// kernel the caller runs itself, and returns true; the caller must
+        /// then call `end_inline_kernel` (Note [Inline launches]).
+        fn begin_inline_kernel(device: i8) -> Result<bool>;
+        fn end_inline_kernel(device: i8);
         /// Makes the current stream of `waiter` wait for everything queued so
         /// far on the current stream of `device`.
         fn stream_wait_stream(waiter: i8, device: i8) -> Result<()>;
@@ -162,7 +167,6 @@ unsafe impl Send for bridge::Kernel {}
 
 pub use bridge::{backend_registered, emit_warning, register_backend};
 use bridge::{Allocation, DeviceStatsFfi, Kernel, LaunchMode, MemoryInfo, StatArrayFfi, StatFfi};
-pub use memory::AccessWindow;
 
 // Note [Guard hot path]: a c10::DeviceGuard costs an exchange and a restore
 // of the current device. These three run as plain C functions rather than
@@ -425,13 +429,33 @@ fn is_pinned(ptr: usize) -> bool {
     pinned::contains(ptr)
 }
 
-fn open_access_window() -> Box<AccessWindow> {
-    Box::new(AccessWindow::open())
+fn begin_device_access() {
+    memory::begin_access()
+}
+
+fn end_device_access() {
+    memory::end_access()
+}
+
+fn current_stream_of(device: i8) -> Result<&'static stream::StreamQueue> {
+    let index = device::check_index(device::resolve(device.into()))?;
+    stream::lookup(index.into(), stream::current_stream_id(index))
+}
+
+fn begin_inline_kernel(device: i8) -> Result<bool> {
+    Ok(current_stream_of(device)?.try_begin_inline())
+}
+
+/// Ends what `begin_inline_kernel` began; the stream is the one reserved then
+/// (the current stream cannot change in between: the same thread runs both).
+fn end_inline_kernel(device: i8) {
+    if let Ok(stream) = current_stream_of(device) {
+        stream.end_inline();
+    }
 }
 
 fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMode) -> Result<()> {
-    let index = device::check_index(device::resolve(device.into()))?;
-    let stream = stream::lookup(index.into(), stream::current_stream_id(index))?;
+    let stream = current_stream_of(device)?;
     let task = stream::Task::Run(Box::new(move || {
         let kernel = kernel.as_mut().expect("a launched kernel is never null");
         bridge::run_kernel(kernel).map_err(|e| crate::error::Error::invalid_value(e.what().to_string()))
@@ -447,11 +471,7 @@ fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMod
 }
 
 fn stream_wait_stream(waiter: i8, device: i8) -> Result<()> {
-    let current = |d: i8| -> Result<&'static stream::StreamQueue> {
-        let index = device::check_index(device::resolve(d.into()))?;
-        stream::lookup(index.into(), stream::current_stream_id(index))
-    };
-    let (waiter, source) = (current(waiter)?, current(device)?);
+    let (waiter, source) = (current_stream_of(waiter)?, current_stream_of(device)?);
     let seq = source.marker();
     if std::ptr::eq(waiter, source) || source.has_completed(seq) {
         return Ok(());

@@ -68,18 +68,12 @@ pub fn unmap(base: usize, len: usize) {
     unsafe { libc::munmap(base as *mut libc::c_void, len) };
 }
 
-/// While alive, device memory is accessible to host code (the runtime's own
-/// device operations). Free when protection is off.
-pub struct AccessWindow {
-    active: bool,
-}
-
-impl AccessWindow {
-    #[inline]
-    pub fn open() -> AccessWindow {
-        if !protect_mode() {
-            return AccessWindow { active: false };
-        }
+/// Opens an access window: device memory is accessible to host code until
+/// the matching `end_access` (the runtime's own device operations). Free
+/// when protection is off.
+#[inline]
+pub fn begin_access() {
+    if protect_mode() {
         let mut protection = PROTECTION.lock();
         protection.open_windows += 1;
         if protection.open_windows == 1 {
@@ -87,15 +81,13 @@ impl AccessWindow {
                 set_access(base, len, true);
             }
         }
-        AccessWindow { active: true }
     }
 }
 
-impl Drop for AccessWindow {
-    fn drop(&mut self) {
-        if !self.active {
-            return;
-        }
+/// Closes a window opened by `begin_access`.
+#[inline]
+pub fn end_access() {
+    if protect_mode() {
         let mut protection = PROTECTION.lock();
         protection.open_windows -= 1;
         if protection.open_windows == 0 {
@@ -103,6 +95,23 @@ impl Drop for AccessWindow {
                 set_access(base, len, false);
             }
         }
+    }
+}
+
+/// `begin_access` for the lifetime of the value.
+pub struct AccessWindow(());
+
+impl AccessWindow {
+    #[inline]
+    pub fn open() -> AccessWindow {
+        begin_access();
+        AccessWindow(())
+    }
+}
+
+impl Drop for AccessWindow {
+    fn drop(&mut self) {
+        end_access();
     }
 }
 

@@ -216,23 +216,33 @@ impl StreamQueue {
     /// Runs `task` on the calling thread if the stream is idle, else queues
     /// it (Note [Inline launches]). An inline task's failure is returned.
     pub fn run_inline_or_submit(&'static self, task: Task) -> Result<()> {
-        {
-            let mut st = self.state.lock();
-            if st.completed != st.submitted || st.shutting_down {
-                drop(st);
-                return self.submit(task).map(drop);
-            }
-            st.submitted += 1;
-            st.inline_running = true;
+        if !self.try_begin_inline() {
+            return self.submit(task).map(drop);
         }
         let outcome = catch_unwind(AssertUnwindSafe(|| run(task)));
+        self.end_inline();
+        self.flatten(outcome)
+    }
+
+    /// Reserves the idle stream for work the caller runs itself; false if
+    /// the stream is busy. A true result must be followed by `end_inline`.
+    pub fn try_begin_inline(&self) -> bool {
+        let mut st = self.state.lock();
+        if st.completed != st.submitted || st.shutting_down {
+            return false;
+        }
+        st.submitted += 1;
+        st.inline_running = true;
+        true
+    }
+
+    /// Completes the work reserved by `try_begin_inline`.
+    pub fn end_inline(&self) {
         let mut st = self.state.lock();
         st.completed += 1;
         st.inline_running = false;
         self.progress.notify_all();
         self.work_available.notify_one();
-        drop(st);
-        self.flatten(outcome)
     }
 
     /// True when every submitted task has finished running.

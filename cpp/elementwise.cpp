@@ -1,0 +1,93 @@
+// Native kernels for the hottest elementwise ops (add, sub, mul, div). They
+// skip the boxed fallback's argument rewriting and its extra output copy:
+// the output is allocated on the device up front and the CPU kernel writes
+// straight into it, as a kernel on the current stream (inline when short
+// and the stream is idle: Note [Inline launches]).
+#include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "torch_openreg/cpp/device_memory.h"
+
+namespace openreg {
+namespace {
+
+// The device of a binary op, with CUDA's rule: the other operand is on the
+// same openreg device or is a CPU scalar (0-dim).
+c10::Device binary_device(const at::Tensor& self, const at::Tensor& other, const char* op) {
+  const at::Tensor& on_device = self.is_privateuseone() ? self : other;
+  for (const at::Tensor* t : {&self, &other}) {
+    bool ok = t->device() == on_device.device() || (t->is_cpu() && t->dim() == 0);
+    TORCH_CHECK(
+        ok, "Expected all tensors to be on the same device, but found at least two devices, ",
+        on_device.device(), " and ", t->device(), "! (in aten::", op, ")");
+  }
+  return on_device.device();
+}
+
+at::Tensor operand(const at::Tensor& t) {
+  return t.is_privateuseone() ? cpu_view(t) : t;
+}
+
+// Allocates the broadcast result and queues `compute(out_view, a_view, b_view)`.
+template <typename Compute>
+at::Tensor binary(
+    const at::Tensor& self,
+    const at::Tensor& other,
+    c10::ScalarType dtype,
+    const char* op,
+    Compute compute) {
+  c10::Device device = binary_device(self, other, op);
+  c10::DeviceGuard guard(device);
+  at::Tensor out = at::empty(
+      at::infer_size_dimvector(self.sizes(), other.sizes()), self.options().dtype(dtype).device(device));
+  launch(
+      device.index(),
+      [out, self, other, compute] {
+        at::Tensor out_view = cpu_view(out);
+        compute(out_view, operand(self), operand(other));
+      },
+      launch_mode_for(out.numel()));
+  return out;
+}
+
+at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  return binary(self, other, at::result_type(self, other), "add", [alpha](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+    at::add_out(out, a, b, alpha);
+  });
+}
+
+at::Tensor sub(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  return binary(self, other, at::result_type(self, other), "sub", [alpha](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+    at::sub_out(out, a, b, alpha);
+  });
+}
+
+at::Tensor mul(const at::Tensor& self, const at::Tensor& other) {
+  return binary(self, other, at::result_type(self, other), "mul", [](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+    at::mul_out(out, a, b);
+  });
+}
+
+// True division: integral inputs give the default floating dtype.
+at::Tensor div(const at::Tensor& self, const at::Tensor& other) {
+  c10::ScalarType dtype = at::result_type(self, other);
+  if (c10::isIntegralType(dtype, /*includeBool=*/true)) {
+    dtype = c10::typeMetaToScalarType(c10::get_default_dtype());
+  }
+  return binary(self, other, dtype, "div", [](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+    at::div_out(out, a, b);
+  });
+}
+
+} // namespace
+
+void register_elementwise(torch::Library& aten) {
+  aten.impl("add.Tensor", TORCH_FN(add));
+  aten.impl("sub.Tensor", TORCH_FN(sub));
+  aten.impl("mul.Tensor", TORCH_FN(mul));
+  aten.impl("div.Tensor", TORCH_FN(div));
+}
+
+} // namespace openreg
