@@ -12,6 +12,7 @@ import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 LIBRARY = "libtorch_openreg.so"
@@ -27,6 +28,19 @@ class BuildWithCargo(build_ext):
         os.makedirs(lib_dir, exist_ok=True)
         shutil.copy2(os.path.join(CARGO_OUT, LIBRARY), os.path.join(lib_dir, LIBRARY))
         super().run()
+
+
+class BuildPyWithHeaders(build_py):
+    """Ships the public headers (include/) as torch_openreg/include, where
+    torch_openreg.include_dir() finds them; an editable install uses the
+    repository's include/ instead."""
+
+    def run(self):
+        super().run()
+        if not getattr(self, "editable_mode", False):
+            target = os.path.join(self.build_lib, "torch_openreg", "include")
+            shutil.rmtree(target, ignore_errors=True)  # no stale headers from an earlier build
+            shutil.copytree(os.path.join(ROOT, "include"), target, dirs_exist_ok=True)
 
 
 import torch  # noqa: E402  (installed first: see the module docstring)
@@ -45,4 +59,4 @@ extension = Extension(
     runtime_library_dirs=["$ORIGIN/lib", os.path.join(TORCH_DIR, "lib")],
 )
 
-setup(ext_modules=[extension], cmdclass={"build_ext": BuildWithCargo})
+setup(ext_modules=[extension], cmdclass={"build_ext": BuildWithCargo, "build_py": BuildPyWithHeaders})

@@ -28,11 +28,23 @@ def library_path() -> str:
 
 
 def include_dir() -> str:
-    """Directory of the public headers (``openreg.h``)."""
-    packaged = os.path.join(os.path.dirname(__file__), "include")
-    if os.path.isdir(packaged):
-        return packaged
-    return os.path.join(os.path.dirname(__file__), "..", "..", "include")
+    """Directory of the public headers: ``openreg.h`` (the C ABI) and
+    ``torch_openreg/kernel.h`` (custom C++ kernels), for
+    ``torch.utils.cpp_extension``'s ``extra_include_paths``.
+
+    An installed package ships them as ``torch_openreg/include``; an editable
+    install or a source checkout uses the repository's ``include/``.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.path.join(here, "include"), os.path.normpath(os.path.join(here, "..", "..", "include"))]
+    for candidate in candidates:
+        if os.path.isfile(os.path.join(candidate, "openreg.h")):
+            return candidate
+    raise RuntimeError(
+        "torch_openreg: the public headers (openreg.h) are in none of "
+        + ", ".join(candidates)
+        + "; reinstall torch_openreg (pip install .) to ship them"
+    )
 
 
 def _register_python_side() -> None:
