@@ -10,7 +10,17 @@ and then wires up the Python side: ``torch.openreg`` and the generated
 import ctypes
 import os
 
-import torch
+
+def _autoload() -> None:
+    """Entry point of ``torch.backends``: importing this package is the work.
+
+    Defined before ``import torch``: when this package is imported first,
+    that import runs torch's backend autoload, which looks this function up
+    on the partially imported package.
+    """
+
+
+import torch  # noqa: E402
 
 _LIBRARY_PATH = os.path.join(os.path.dirname(__file__), "lib", "libtorch_openreg.so")
 
@@ -53,10 +63,6 @@ def _register_python_side() -> None:
     torch.utils.rename_privateuse1_backend("openreg")
     torch._register_device_module("openreg", openreg)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-
-
-def _autoload() -> None:
-    """Entry point of ``torch.backends``: nothing beyond importing is needed."""
 
 
 _register_python_side()

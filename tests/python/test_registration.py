@@ -25,6 +25,21 @@ AUTOLOAD = script(
     env=clean_env(TORCH_DEVICE_BACKEND_AUTOLOAD=None),
 )
 
+# `import torch_openreg` before torch: importing torch from inside our package
+# runs the autoload entry point on the half-imported package.
+IMPORT_FIRST = script(
+    "import_first",
+    """
+    import torch_openreg
+    import torch
+    RESULT["backend"] = torch._C._get_privateuse1_backend_name()
+    RESULT["count"] = torch.openreg.device_count()
+    RESULT["sum"] = torch.ones(3, device="openreg:1").sum().item()
+    done(RESULT)
+    """,
+    env=clean_env(TORCH_DEVICE_BACKEND_AUTOLOAD=None),
+)
+
 # Autoload off: nothing is registered by `import torch`; then loading the
 # shared library with ctypes alone (no `import torch_openreg`) registers the
 # backend name, the device guard and the hooks.
@@ -98,6 +113,12 @@ def test_plain_import_torch_autoloads_openreg():
     assert data["imported"] is True
     assert data["count"] == 2
     assert data["stream"] == "openreg:1"
+
+
+@pytest.mark.subprocess
+def test_importing_torch_openreg_before_torch_works():
+    data = IMPORT_FIRST.result().check_ok()
+    assert data == {"backend": "openreg", "count": 2, "sum": 3.0}
 
 
 @pytest.mark.subprocess
