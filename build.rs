@@ -61,6 +61,8 @@ fn main() {
         "cpp/fallback.cpp",
         "cpp/convolution.cpp",
         "cpp/elementwise.cpp",
+        "cpp/generator.cpp",
+        "cpp/random.cpp",
     ];
     cxx_build::bridge("src/ffi.rs")
         .files(sources)
@@ -81,7 +83,7 @@ fn main() {
     // inside the library (no PLT hop) — they are on the device-guard hot path.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
 
-    for path in sources.iter().chain(&["cpp/shim.h", "cpp/checked.h", "cpp/backend.h", "cpp/device_memory.h", "src/ffi.rs"]) {
+    for path in sources.iter().chain(&["cpp/shim.h", "cpp/checked.h", "cpp/backend.h", "cpp/device_memory.h", "cpp/generator.h", "src/ffi.rs"]) {
         println!("cargo:rerun-if-changed={path}");
     }
     for var in ["OPENREG_TORCH_DIR", "OPENREG_TORCH_CXX11_ABI", "PYTHON"] {

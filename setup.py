@@ -44,18 +44,21 @@ class BuildPyWithHeaders(build_py):
 
 
 import torch  # noqa: E402  (installed first: see the module docstring)
+from torch.utils.cpp_extension import include_paths  # noqa: E402
 
 TORCH_DIR = os.path.dirname(torch.__file__)
 
 extension = Extension(
     "torch_openreg._C",
-    sources=["cpp/python/module.cpp"],
+    # generator.cpp binds torch.Generator: it needs torch's Python headers
+    # and libtorch_python; module.cpp needs only the C ABI.
+    sources=["cpp/python/module.cpp", "cpp/python/generator.cpp"],
     language="c++",
-    include_dirs=[os.path.join(ROOT, "include"), os.path.join(TORCH_DIR, "include")],
+    include_dirs=[os.path.join(ROOT, "include"), *include_paths()],
     define_macros=[("_GLIBCXX_USE_CXX11_ABI", str(int(torch._C._GLIBCXX_USE_CXX11_ABI)))],
     extra_compile_args=["-std=c++20"],
     library_dirs=[CARGO_OUT, os.path.join(TORCH_DIR, "lib")],
-    libraries=["torch_openreg", "c10"],
+    libraries=["torch_openreg", "torch_python", "torch_cpu", "c10"],
     runtime_library_dirs=["$ORIGIN/lib", os.path.join(TORCH_DIR, "lib")],
 )
 

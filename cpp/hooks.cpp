@@ -7,6 +7,7 @@
 
 #include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/device_memory.h"
+#include "torch_openreg/cpp/generator.h"
 #include "torch_openreg/cpp/checked.h"
 #include "torch_openreg/src/ffi.rs.h"
 
@@ -53,6 +54,18 @@ struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
   // device switch, so it is the same exchange.
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
     return checked([&] { return ffi::exchange_device(device); });
+  }
+
+  // The device's default generator (-1: the current device); what
+  // at::globalContext().defaultGenerator(Device(PrivateUse1, i)) returns.
+  // An out-of-range index is an error naming it.
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
+    return default_generator(device_index);
+  }
+
+  // What torch.Generator(device="openreg:i") gets.
+  at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
+    return new_generator(device_index);
   }
 
   at::Allocator* getPinnedMemoryAllocator() const override {

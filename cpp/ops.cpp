@@ -24,6 +24,7 @@ namespace openreg {
 void register_fallback(torch::Library& library);
 void register_convolution(torch::Library& aten);
 void register_elementwise(torch::Library& aten);
+void register_random(torch::Library& aten);
 
 namespace {
 
@@ -203,6 +204,7 @@ void register_ops() {
   aten->impl("record_stream", TORCH_FN(record_stream));
   register_convolution(*aten);
   register_elementwise(*aten);
+  register_random(*aten);
 
   static auto* all = new torch::Library(
       torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);

@@ -5,7 +5,8 @@
 //! `c10::Error` (a Python `RuntimeError`). Functions without `Result` cannot
 //! fail and are the only ones the shim calls from `noexcept` methods.
 //! Events cross as opaque `usize` handles (see `event::handle`); streams as
-//! `(device, id)` values (see Note [StreamId assignment]).
+//! `(device, id)` values (see Note [StreamId assignment]); generators as an
+//! opaque Rust `Generator` the shim holds in a `rust::Box`.
 
 use crate::allocator;
 use crate::device;
@@ -13,6 +14,7 @@ use crate::error::Result;
 use crate::memory;
 use crate::pinned;
 use crate::event::{handle, Event};
+use crate::generator::{self, Distribution, Element, Generator};
 use crate::stream::{self, StreamId};
 
 #[cxx::bridge(namespace = "openreg::ffi")]
@@ -74,6 +76,43 @@ mod bridge {
         /// Run it right here if the stream is idle, else queue it
         /// (Note [Inline launches]); for short kernels.
         InlineIfIdle,
+    }
+
+    /// A random kernel's distribution (`generator::Distribution`, flat):
+    /// `a`, `b` are its two float parameters in declaration order
+    /// (from/to, mean/std, p, lambda, median/sigma); `from`, `range` those
+    /// of `Integers`.
+    enum RandomKind {
+        Uniform,
+        Normal,
+        Bernoulli,
+        Exponential,
+        Geometric,
+        LogNormal,
+        Cauchy,
+        Integers,
+    }
+
+    /// The element type of the contiguous buffer a random kernel writes.
+    enum RandomElement {
+        F32,
+        F64,
+        I64,
+    }
+
+    struct RandomFill {
+        kind: RandomKind,
+        element: RandomElement,
+        a: f64,
+        b: f64,
+        from: i64,
+        range: u64,
+    }
+
+    /// The draws reserved for one kernel (Note [Philox offsets]).
+    struct RandomSlice {
+        seed: u64,
+        base: u64,
     }
 
     // Rust functions the C++ shim calls.
@@ -142,6 +181,31 @@ mod bridge {
         /// Makes the current stream of `waiter` wait for everything queued so
         /// far on the current stream of `device`.
         fn stream_wait_stream(waiter: i8, device: i8) -> Result<()>;
+
+        // Generators (src/generator.rs). A `Generator` is a handle: the
+        // handles of a device's default generator share its state.
+        type Generator;
+        fn default_generator(device: i8) -> Result<Box<Generator>>;
+        fn new_generator(seed: u64) -> Box<Generator>;
+        /// An independent generator with a copy of `g`'s state.
+        fn fork_generator(g: &Generator) -> Box<Generator>;
+        fn generator_seed(g: &Generator) -> u64;
+        /// Reseeds and restarts the sequence (offset 0).
+        fn set_generator_seed(g: &Generator, seed: u64);
+        fn nondeterministic_seed() -> u64;
+        fn generator_offset(g: &Generator) -> u64;
+        fn set_generator_offset(g: &Generator, offset: u64) -> Result<()>;
+        /// 16 bytes: seed, then offset, little-endian.
+        fn generator_state(g: &Generator) -> Vec<u8>;
+        fn set_generator_state(g: &Generator, state: &[u8]) -> Result<()>;
+        /// Validates `fill` and reserves the draws of `numel` values.
+        fn reserve_random(g: &Generator, fill: &RandomFill, numel: u64) -> Result<RandomSlice>;
+        fn reserve_randperm(g: &Generator, n: u64) -> RandomSlice;
+        /// Writes `numel` values of `fill` at `data` (threads: see
+        /// `generator::fill_threads`).
+        unsafe fn random_fill(data: usize, numel: usize, fill: &RandomFill, slice: RandomSlice) -> Result<()>;
+        /// Writes a random permutation of `0..n` as int64 at `data`.
+        unsafe fn random_permutation(data: usize, n: usize, slice: RandomSlice);
     }
 
     // C++ functions the Rust side calls.
@@ -166,7 +230,9 @@ mod bridge {
 unsafe impl Send for bridge::Kernel {}
 
 pub use bridge::{backend_registered, emit_warning, register_backend};
-use bridge::{Allocation, DeviceStatsFfi, Kernel, LaunchMode, MemoryInfo, StatArrayFfi, StatFfi};
+use bridge::{
+    Allocation, DeviceStatsFfi, Kernel, LaunchMode, MemoryInfo, RandomElement, RandomFill, RandomKind, RandomSlice, StatArrayFfi, StatFfi,
+};
 
 // Note [Guard hot path]: a c10::DeviceGuard costs an exchange and a restore
 // of the current device. These three run as plain C functions rather than
@@ -477,4 +543,108 @@ fn stream_wait_stream(waiter: i8, device: i8) -> Result<()> {
         return Ok(());
     }
     waiter.submit(stream::Task::WaitFor { stream: source, seq }).map(drop)
+}
+
+fn default_generator(device: i8) -> Result<Box<Generator>> {
+    Ok(Box::new(Generator::default_for(device::resolve(device.into()))?))
+}
+
+fn new_generator(seed: u64) -> Box<Generator> {
+    Box::new(Generator::new(seed))
+}
+
+fn fork_generator(g: &Generator) -> Box<Generator> {
+    Box::new(g.fork())
+}
+
+fn generator_seed(g: &Generator) -> u64 {
+    g.seed()
+}
+
+fn set_generator_seed(g: &Generator, seed: u64) {
+    g.set_seed(seed)
+}
+
+fn nondeterministic_seed() -> u64 {
+    generator::nondeterministic_seed()
+}
+
+fn generator_offset(g: &Generator) -> u64 {
+    g.offset()
+}
+
+fn set_generator_offset(g: &Generator, offset: u64) -> Result<()> {
+    g.set_offset(offset)
+}
+
+fn generator_state(g: &Generator) -> Vec<u8> {
+    g.state_bytes().to_vec()
+}
+
+fn set_generator_state(g: &Generator, state: &[u8]) -> Result<()> {
+    g.set_state_bytes(state)
+}
+
+fn distribution(fill: &RandomFill) -> Result<(Distribution, Element)> {
+    let (a, b) = (fill.a, fill.b);
+    let dist = match fill.kind {
+        RandomKind::Uniform => Distribution::Uniform { from: a, to: b },
+        RandomKind::Normal => Distribution::Normal { mean: a, std: b },
+        RandomKind::Bernoulli => Distribution::Bernoulli { p: a },
+        RandomKind::Exponential => Distribution::Exponential { lambda: a },
+        RandomKind::Geometric => Distribution::Geometric { p: a },
+        RandomKind::LogNormal => Distribution::LogNormal { mean: a, std: b },
+        RandomKind::Cauchy => Distribution::Cauchy { median: a, sigma: b },
+        RandomKind::Integers => Distribution::Integers { from: fill.from, range: fill.range },
+        _ => return Err(crate::error::Error::invalid_value("unknown random distribution")),
+    };
+    let element = match fill.element {
+        RandomElement::F32 => Element::F32,
+        RandomElement::F64 => Element::F64,
+        RandomElement::I64 => Element::I64,
+        _ => return Err(crate::error::Error::invalid_value("unknown random element type")),
+    };
+    dist.validate(element)?;
+    Ok((dist, element))
+}
+
+fn reserve_random(g: &Generator, fill: &RandomFill, numel: u64) -> Result<RandomSlice> {
+    let (dist, element) = distribution(fill)?;
+    let slice = g.reserve(dist.draws(element, numel));
+    Ok(RandomSlice { seed: slice.seed, base: slice.base })
+}
+
+fn reserve_randperm(g: &Generator, n: u64) -> RandomSlice {
+    let slice = g.reserve(generator::randperm_draws(n));
+    RandomSlice { seed: slice.seed, base: slice.base }
+}
+
+/// # Safety
+/// `data` points to `numel` writable, suitably aligned elements of
+/// `fill.element` that nothing else accesses during the call.
+unsafe fn random_fill(data: usize, numel: usize, fill: &RandomFill, slice: RandomSlice) -> Result<()> {
+    let (dist, element) = distribution(fill)?;
+    if numel == 0 {
+        return Ok(()); // `data` may be null
+    }
+    let slice = generator::PhiloxSlice { seed: slice.seed, base: slice.base };
+    let threads = generator::fill_threads(numel);
+    // SAFETY (all three): per this function's contract.
+    match element {
+        Element::F32 => generator::fill(unsafe { std::slice::from_raw_parts_mut(data as *mut f32, numel) }, dist, slice, threads),
+        Element::F64 => generator::fill(unsafe { std::slice::from_raw_parts_mut(data as *mut f64, numel) }, dist, slice, threads),
+        Element::I64 => generator::fill(unsafe { std::slice::from_raw_parts_mut(data as *mut i64, numel) }, dist, slice, threads),
+    }
+    Ok(())
+}
+
+/// # Safety
+/// `data` points to `n` writable int64 elements nothing else accesses.
+unsafe fn random_permutation(data: usize, n: usize, slice: RandomSlice) {
+    if n == 0 {
+        return; // `data` may be null
+    }
+    // SAFETY: per this function's contract.
+    let out = unsafe { std::slice::from_raw_parts_mut(data as *mut i64, n) };
+    generator::randperm(out, generator::PhiloxSlice { seed: slice.seed, base: slice.base });
 }

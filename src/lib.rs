@@ -1,6 +1,6 @@
 //! torch_openreg: a simulated accelerator for PyTorch's PrivateUse1 backend.
 //!
-//! The runtime (devices, streams, events, lifecycle, options) lives in these
+//! The runtime (devices, streams, events, generators, lifecycle, options) lives in these
 //! modules and knows nothing of PyTorch. `ffi` is the one bridge the C++ shim
 //! in `cpp/` calls through; `capi` is the plain C ABI of `include/openreg.h`.
 
@@ -10,6 +10,7 @@ pub mod device;
 pub mod error;
 pub mod event;
 mod ffi;
+pub mod generator;
 pub mod lifecycle;
 pub mod memory;
 pub mod options;

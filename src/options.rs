@@ -30,6 +30,10 @@ pub struct Options {
     /// `OPENREG_MEMORY_PROTECT=1`: device pages are inaccessible to host code
     /// outside device operations. See Note [Memory protection].
     pub memory_protect: bool,
+    /// `OPENREG_RANDOM_THREADS`: threads a large random fill uses; 0 means
+    /// the available cores. The values never depend on it (Note [Philox
+    /// draw layout]); it exists to check exactly that.
+    pub random_threads: usize,
 }
 
 /// Each device's capacity when `OPENREG_DEVICE_MEMORY` is unset.
@@ -60,6 +64,7 @@ impl Options {
             worker_idle_ms: parse_u64("OPENREG_WORKER_IDLE_MS", lookup("OPENREG_WORKER_IDLE_MS"), 1000),
             device_memory: parse_size("OPENREG_DEVICE_MEMORY", lookup("OPENREG_DEVICE_MEMORY"), DEFAULT_DEVICE_MEMORY),
             memory_protect: parse_flag("OPENREG_MEMORY_PROTECT", lookup("OPENREG_MEMORY_PROTECT")),
+            random_threads: parse_u64("OPENREG_RANDOM_THREADS", lookup("OPENREG_RANDOM_THREADS"), 0).min(1024) as usize,
         }
     }
 
@@ -89,6 +94,11 @@ impl Options {
                 name: "OPENREG_MEMORY_PROTECT",
                 value: (self.memory_protect as u8).to_string(),
                 help: "1: device memory faults when host code touches it outside device operations",
+            },
+            OptionEntry {
+                name: "OPENREG_RANDOM_THREADS",
+                value: self.random_threads.to_string(),
+                help: "threads a large random fill uses (0: all cores); results never depend on it",
             },
         ]
     }
@@ -181,6 +191,8 @@ mod tests {
         assert_eq!(parse(&[("OPENREG_WORKER_IDLE_MS", "5")]).worker_idle_ms, 5);
         assert_eq!(parse(&[("OPENREG_WORKER_IDLE_MS", "x")]).worker_idle_ms, 1000);
         assert!(parse(&[("OPENREG_MEMORY_PROTECT", "1")]).memory_protect);
+        assert_eq!(parse(&[("OPENREG_RANDOM_THREADS", "3")]).random_threads, 3);
+        assert_eq!(parse(&[]).random_threads, 0);
     }
 
     #[test]

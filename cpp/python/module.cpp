@@ -1,6 +1,7 @@
 // torch_openreg._C: the Python bindings the torch_openreg package uses.
-// CPython over the C ABI of include/openreg.h; every failure becomes a
-// RuntimeError carrying the runtime's message.
+// CPython over the C ABI of include/openreg.h (generators through ATen:
+// generator.cpp); every failure becomes a RuntimeError carrying the
+// runtime's message.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -12,6 +13,10 @@
 #include <c10/util/Exception.h>
 
 #include "openreg.h"
+
+// In generator.cpp (which needs torch's Python headers).
+extern "C" PyObject* openreg_get_default_generator(PyObject* self, PyObject* arg);
+extern "C" void openreg_register_fork_handler();
 
 // Reads a device index, rejecting values that do not fit an int (they would
 // otherwise be truncated into a valid-looking index).
@@ -181,6 +186,7 @@ static PyMethodDef methods[] = {
     {"_stream_priority_range", stream_priority_range, METH_NOARGS, "(least, greatest) stream priority."},
     {"_options", options, METH_NOARGS, "The OPENREG_* options in force, as text lines."},
     {"_sleep", sleep_kernel, METH_O, "Queue a kernel that sleeps for the given milliseconds."},
+    {"_get_default_generator", openreg_get_default_generator, METH_O, "The default torch.Generator of a device."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -214,5 +220,6 @@ static bool read_options_with_python_warnings() {
 PyMODINIT_FUNC PyInit__C(void) {
   if (!read_options_with_python_warnings())
     return NULL;
+  openreg_register_fork_handler();
   return PyModule_Create(&module);
 }

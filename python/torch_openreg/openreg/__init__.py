@@ -1,6 +1,6 @@
 """``torch.openreg``: the device module of the openreg backend.
 
-It mirrors ``torch.cuda`` for devices and streams. State lives in the Rust
+It mirrors ``torch.cuda`` for devices, streams and random generators. State lives in the Rust
 runtime; these functions are thin wrappers over ``torch_openreg._C`` and over
 PyTorch's generic ``torch.Stream`` / ``torch.Event``, which reach the same
 runtime through the registered device guard.
@@ -38,6 +38,17 @@ from ._memory import (
     reset_accumulated_memory_stats,
     reset_peak_memory_stats,
     set_per_process_memory_fraction,
+)
+from ._random import (
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
 )
 from ._streams import (
     Event,
@@ -87,9 +98,14 @@ __all__ = [
     "empty_cache",
     "get_device_name",
     "get_device_properties",
+    "get_rng_state",
+    "get_rng_state_all",
     "init",
+    "initial_seed",
     "is_available",
     "is_initialized",
+    "manual_seed",
+    "manual_seed_all",
     "max_memory_allocated",
     "max_memory_reserved",
     "mem_get_info",
@@ -99,8 +115,12 @@ __all__ = [
     "options",
     "reset_accumulated_memory_stats",
     "reset_peak_memory_stats",
+    "seed",
+    "seed_all",
     "set_device",
     "set_per_process_memory_fraction",
+    "set_rng_state",
+    "set_rng_state_all",
     "set_stream",
     "stream",
     "stream_priority_range",

@@ -1,0 +1,57 @@
+"""Random number generation on openreg beside plain CPU PyTorch, in one run,
+printed as ratios (openreg time / CPU time).
+
+  python3 benches/bench_random.py
+
+Targets (issue "Random numbers"): torch.randn(4_000_000) and
+torch.rand(4_000_000) ≤ 1.0x CPU time, using every core; the cost of a
+manual_seed call from Python (torch.openreg.manual_seed: device index,
+_C._get_default_generator, Generator.manual_seed) is reported beside a CPU
+torch.Generator's manual_seed.
+"""
+
+import statistics
+import time
+
+import torch
+import torch_openreg  # noqa: F401
+
+DEV = "openreg:0"
+N = 4_000_000
+
+
+def median_seconds(fn, repeat: int, batches: int = 7) -> float:
+    """Median over batches of the per-call time of `fn` (synchronized)."""
+    fn()
+    torch.openreg.synchronize()
+    samples = []
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        torch.openreg.synchronize()
+        samples.append((time.perf_counter() - t0) / repeat)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    print(f"threads: torch {torch.get_num_threads()}, openreg options {torch.openreg.options()['OPENREG_RANDOM_THREADS']['value']} (0: all cores)")
+    rows = []
+    for name, make in [("randn", torch.randn), ("rand", torch.rand)]:
+        for dtype in (torch.float32, torch.float64):
+            dev = median_seconds(lambda: make(N, device=DEV, dtype=dtype), 5)
+            cpu = median_seconds(lambda: make(N, dtype=dtype), 5)
+            rows.append((f"{name}({N:_}) {str(dtype)[6:]}", dev, cpu))
+    gen_cpu = torch.Generator()
+    rows.append((
+        "manual_seed",
+        median_seconds(lambda: torch.openreg.manual_seed(42), 2000),
+        median_seconds(lambda: gen_cpu.manual_seed(42), 2000),
+    ))
+    print(f"{'case':<28}{'openreg':>12}{'cpu':>12}{'ratio':>8}")
+    for name, dev, cpu in rows:
+        print(f"{name:<28}{dev * 1e6:>10.1f}us{cpu * 1e6:>10.1f}us{dev / cpu:>7.2f}x")
+
+
+if __name__ == "__main__":
+    main()

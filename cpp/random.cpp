@@ -1,0 +1,314 @@
+// Native random kernels. Each reserves its draws from the generator on the
+// host, at launch (Note [Philox offsets] in src/generator.rs), then fills a
+// contiguous float32/float64/int64 buffer in Rust as a kernel on the current
+// stream (Note [Philox draw layout]). A tensor of another dtype or layout
+// gets a contiguous temporary that the same kernel copies in.
+//
+// Factories (rand, randn, randint, *_like, normal.float_float, bernoulli)
+// decompose into empty + these in-place kernels; dropout reaches
+// native_dropout; multinomial and the functional normal overloads compose
+// them with ordinary device ops.
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "torch_openreg/cpp/checked.h"
+#include "torch_openreg/cpp/device_memory.h"
+#include "torch_openreg/cpp/generator.h"
+
+namespace openreg {
+namespace {
+
+using Gen = std::optional<at::Generator>;
+
+c10::ScalarType native_dtype(ffi::RandomElement element) {
+  switch (element) {
+    case ffi::RandomElement::F32:
+      return c10::kFloat;
+    case ffi::RandomElement::F64:
+      return c10::kDouble;
+    default:
+      return c10::kLong;
+  }
+}
+
+// The buffer type a float distribution is drawn in for `self`: float64
+// tensors get 53-bit uniforms, every other dtype float32's 24 bits.
+ffi::RandomElement float_element(const at::Tensor& self) {
+  return self.scalar_type() == c10::kDouble ? ffi::RandomElement::F64 : ffi::RandomElement::F32;
+}
+
+void check_floating(const at::Tensor& self, const char* op) {
+  TORCH_CHECK(
+      c10::isFloatingType(self.scalar_type()), op, " expects a floating point openreg tensor, but got ",
+      self.scalar_type());
+}
+
+// Fills `self` with `fill`; see the file comment.
+at::Tensor& generate(at::Tensor& self, const ffi::RandomFill& fill, const Gen& gen) {
+  TORCH_CHECK(self.is_privateuseone(), "expected an openreg tensor, got one on ", self.device());
+  c10::DeviceGuard guard(self.device());
+  const ffi::Generator& state = generator_state(gen, self.device());
+  const int64_t numel = self.numel();
+  // Validates the parameters even for an empty tensor.
+  const ffi::RandomSlice slice = checked([&] { return ffi::reserve_random(state, fill, numel); });
+  if (numel == 0) {
+    return self;
+  }
+  const c10::ScalarType dtype = native_dtype(fill.element);
+  const bool direct = self.scalar_type() == dtype && self.is_contiguous();
+  at::Tensor buffer = direct ? self : at::empty({numel}, self.options().dtype(dtype));
+  launch(
+      self.device().index(),
+      [self, buffer, fill, slice, numel, direct] {
+        checked([&] {
+          ffi::random_fill(reinterpret_cast<uintptr_t>(buffer.data_ptr()), numel, fill, slice);
+        });
+        if (!direct) {
+          cpu_view(self).copy_(cpu_view(buffer).view(self.sizes()));
+        }
+      },
+      launch_mode_for(numel));
+  return self;
+}
+
+at::Tensor& generate_float(at::Tensor& self, ffi::RandomKind kind, double a, double b, const Gen& gen) {
+  return generate(self, ffi::RandomFill{kind, float_element(self), a, b, 0, 0}, gen);
+}
+
+at::Tensor& uniform_(at::Tensor& self, double from, double to, Gen gen) {
+  check_floating(self, "uniform_");
+  return generate_float(self, ffi::RandomKind::Uniform, from, to, gen);
+}
+
+at::Tensor& normal_(at::Tensor& self, double mean, double std, Gen gen) {
+  check_floating(self, "normal_");
+  return generate_float(self, ffi::RandomKind::Normal, mean, std, gen);
+}
+
+at::Tensor& log_normal_(at::Tensor& self, double mean, double std, Gen gen) {
+  check_floating(self, "log_normal_");
+  return generate_float(self, ffi::RandomKind::LogNormal, mean, std, gen);
+}
+
+at::Tensor& exponential_(at::Tensor& self, double lambda, Gen gen) {
+  check_floating(self, "exponential_");
+  return generate_float(self, ffi::RandomKind::Exponential, lambda, 0, gen);
+}
+
+at::Tensor& cauchy_(at::Tensor& self, double median, double sigma, Gen gen) {
+  check_floating(self, "cauchy_");
+  return generate_float(self, ffi::RandomKind::Cauchy, median, sigma, gen);
+}
+
+// Integral results are fine here (the number of trials).
+at::Tensor& geometric_(at::Tensor& self, double p, Gen gen) {
+  return generate_float(self, ffi::RandomKind::Geometric, p, 0, gen);
+}
+
+at::Tensor& bernoulli_scalar(at::Tensor& self, double p, Gen gen) {
+  return generate_float(self, ffi::RandomKind::Bernoulli, p, 0, gen);
+}
+
+// self[i] = u[i] < p[i] for uniforms u; p broadcasts to self.
+at::Tensor& bernoulli_tensor(at::Tensor& self, const at::Tensor& p, Gen gen) {
+  TORCH_CHECK(
+      p.device() == self.device() || (p.is_cpu() && p.dim() == 0),
+      "bernoulli_: expected p on ", self.device(), ", but got p on ", p.device());
+  TORCH_CHECK(c10::isFloatingType(p.scalar_type()), "bernoulli_ expects p to be floating point, got ", p.scalar_type());
+  c10::DeviceGuard guard(self.device());
+  TORCH_CHECK(
+      p.ge(0).logical_and(p.le(1)).all().item<bool>(),
+      "bernoulli_ expects every probability in p to be in [0, 1]");
+  at::Tensor u = at::empty(self.sizes(), self.options().dtype(p.scalar_type() == c10::kDouble ? c10::kDouble : c10::kFloat));
+  generate_float(u, ffi::RandomKind::Uniform, 0, 1, gen);
+  launch(
+      self.device().index(),
+      [self, u, p] {
+        at::Tensor out = cpu_view(self);
+        at::lt_out(out, cpu_view(u), p.is_privateuseone() ? cpu_view(p) : p);
+      },
+      launch_mode_for(self.numel()));
+  return self;
+}
+
+// Note [random_ ranges]: as PyTorch's, `random_()` draws from [0, 2^digits]
+// for floating dtypes (every integer the mantissa holds exactly) and from
+// [0, max] for integral ones; `random_(from, None)` up to that maximum.
+// A range of 0 stands for 2^64 (from = INT64_MIN to INT64_MAX).
+int64_t max_value(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::kBool:
+      return 1;
+    case c10::kByte:
+      return 255;
+    case c10::kChar:
+      return 127;
+    case c10::kShort:
+      return 32767;
+    case c10::kInt:
+      return 2147483647;
+    case c10::kLong:
+      return std::numeric_limits<int64_t>::max();
+    case c10::kHalf:
+      return int64_t{1} << 11;
+    case c10::kBFloat16:
+      return int64_t{1} << 8;
+    case c10::kFloat:
+      return int64_t{1} << 24;
+    case c10::kDouble:
+      return int64_t{1} << 53;
+    default:
+      TORCH_CHECK(false, "random_ is not supported for ", dtype, " openreg tensors");
+  }
+}
+
+at::Tensor& random_integers(at::Tensor& self, int64_t from, uint64_t range, Gen gen) {
+  return generate(self, ffi::RandomFill{ffi::RandomKind::Integers, ffi::RandomElement::I64, 0, 0, from, range}, gen);
+}
+
+at::Tensor& random_from(at::Tensor& self, int64_t from, std::optional<int64_t> to, Gen gen) {
+  const int64_t max = max_value(self.scalar_type());
+  if (to.has_value()) {
+    TORCH_CHECK(from < *to, "random_ expects 'from' to be less than 'to', but got from=", from, " >= to=", *to);
+    TORCH_CHECK(
+        *to - 1 <= max, "random_ expects 'to' - 1 to fit ", self.scalar_type(), " (at most ", max, "), but got to=", *to);
+    return random_integers(self, from, static_cast<uint64_t>(*to) - static_cast<uint64_t>(from), gen);
+  }
+  TORCH_CHECK(from <= max, "random_ expects 'from' to be at most ", max, " for ", self.scalar_type(), ", got ", from);
+  // Wraps to 0 (2^64) for the full int64 range: Note [random_ ranges].
+  return random_integers(self, from, static_cast<uint64_t>(max) - static_cast<uint64_t>(from) + 1, gen);
+}
+
+at::Tensor& random_to(at::Tensor& self, int64_t to, Gen gen) {
+  return random_from(self, 0, to, gen);
+}
+
+at::Tensor& random_(at::Tensor& self, Gen gen) {
+  return random_integers(self, 0, static_cast<uint64_t>(max_value(self.scalar_type())) + 1, gen);
+}
+
+at::Tensor& randperm_out(int64_t n, Gen gen, at::Tensor& out) {
+  TORCH_CHECK(n >= 0, "randperm: n must be non-negative, got ", n);
+  TORCH_CHECK(out.is_privateuseone(), "randperm: expected an openreg out tensor, got one on ", out.device());
+  c10::DeviceGuard guard(out.device());
+  out.resize_({n});
+  const ffi::RandomSlice slice = ffi::reserve_randperm(generator_state(gen, out.device()), static_cast<uint64_t>(n));
+  if (n == 0) {
+    return out;
+  }
+  const bool direct = out.scalar_type() == c10::kLong && out.is_contiguous();
+  at::Tensor buffer = direct ? out : at::empty({n}, out.options().dtype(c10::kLong));
+  launch(
+      out.device().index(),
+      [out, buffer, slice, n, direct] {
+        ffi::random_permutation(reinterpret_cast<uintptr_t>(buffer.data_ptr()), static_cast<size_t>(n), slice);
+        if (!direct) {
+          cpu_view(out).copy_(cpu_view(buffer));
+        }
+      },
+      ffi::LaunchMode::Queue); // serial: never on the caller's thread
+  return out;
+}
+
+// As PyTorch's: without replacement (or for one sample) the largest keys
+// p / q with q ~ Exp(1) (exponential races); with replacement an inverse-CDF
+// lookup of uniforms.
+at::Tensor sample_multinomial(const at::Tensor& self, int64_t n, bool replacement, Gen gen) {
+  TORCH_CHECK(self.dim() == 1 || self.dim() == 2, "multinomial: prob_dist must be 1 or 2 dim, got ", self.dim());
+  TORCH_CHECK(c10::isFloatingType(self.scalar_type()), "multinomial only supports floating-point dtypes for input, got ", self.scalar_type());
+  TORCH_CHECK(n > 0, "multinomial: cannot sample n_sample <= 0 samples, got ", n);
+  const int64_t categories = self.size(-1);
+  TORCH_CHECK(
+      replacement || n <= categories, "multinomial: cannot sample n_sample > prob_dist.size(-1) samples without replacement (",
+      n, " > ", categories, ")");
+  c10::DeviceGuard guard(self.device());
+  TORCH_CHECK(
+      !self.lt(0).logical_or(self.isinf()).logical_or(self.isnan()).any().item<bool>(),
+      "multinomial: probability tensor contains either `inf`, `nan` or element < 0");
+  TORCH_CHECK(self.sum(-1).gt(0).all().item<bool>(), "multinomial: invalid multinomial distribution (sum of probabilities <= 0)");
+  if (!replacement || n == 1) {
+    at::Tensor q = at::empty_like(self);
+    exponential_(q, 1, gen);
+    at::Tensor keys = self / q;
+    return n == 1 ? keys.argmax(-1, /*keepdim=*/true) : std::get<1>(keys.topk(n));
+  }
+  at::Tensor cdf = self.to(c10::kDouble).cumsum(-1);
+  cdf = cdf / cdf.narrow(-1, categories - 1, 1);
+  std::vector<int64_t> shape(self.sizes().begin(), self.sizes().end());
+  shape.back() = n;
+  at::Tensor u = at::empty(shape, self.options().dtype(c10::kDouble));
+  uniform_(u, 0, 1, gen);
+  return at::searchsorted(cdf, u, /*out_int32=*/false, /*right=*/true).clamp_max_(categories - 1);
+}
+
+at::Tensor& multinomial_out(const at::Tensor& self, int64_t n, bool replacement, Gen gen, at::Tensor& out) {
+  at::Tensor result = sample_multinomial(self, n, replacement, gen);
+  out.resize_(result.sizes());
+  return out.copy_(result);
+}
+
+std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train) {
+  TORCH_CHECK(p >= 0 && p <= 1, "dropout probability has to be between 0 and 1, but got ", p);
+  c10::DeviceGuard guard(input.device());
+  if (train.has_value() && !*train) {
+    return {input.clone(), at::ones_like(input, input.options().dtype(c10::kBool))};
+  }
+  at::Tensor mask = at::empty_like(input, input.options().dtype(c10::kBool));
+  bernoulli_scalar(mask, 1 - p, std::nullopt);
+  const double scale = p == 1 ? 0.0 : 1.0 / (1.0 - p);
+  return {input * mask * scale, mask};
+}
+
+void check_std(const at::Tensor& std) {
+  TORCH_CHECK(!std.lt(0).any().item<bool>(), "normal expects all elements of std >= 0.0");
+}
+
+at::Tensor normal_tensor_float(const at::Tensor& mean, double std, Gen gen) {
+  TORCH_CHECK(std >= 0.0, "normal expects std >= 0.0, but found std ", std);
+  c10::DeviceGuard guard(mean.device());
+  at::Tensor out = at::empty_like(mean, at::MemoryFormat::Contiguous);
+  normal_(out, 0, std, gen);
+  return out.add_(mean);
+}
+
+at::Tensor normal_float_tensor(double mean, const at::Tensor& std, Gen gen) {
+  c10::DeviceGuard guard(std.device());
+  check_std(std);
+  at::Tensor out = at::empty_like(std, at::MemoryFormat::Contiguous);
+  normal_(out, 0, 1, gen);
+  return out.mul_(std).add_(mean);
+}
+
+at::Tensor normal_tensor_tensor(const at::Tensor& mean, const at::Tensor& std, Gen gen) {
+  c10::DeviceGuard guard(mean.device());
+  check_std(std);
+  at::Tensor out = at::empty(at::infer_size(mean.sizes(), std.sizes()), mean.options());
+  normal_(out, 0, 1, gen);
+  return out.mul_(std).add_(mean);
+}
+
+} // namespace
+
+void register_random(torch::Library& aten) {
+  aten.impl("uniform_", TORCH_FN(uniform_));
+  aten.impl("normal_", TORCH_FN(normal_));
+  aten.impl("log_normal_", TORCH_FN(log_normal_));
+  aten.impl("exponential_", TORCH_FN(exponential_));
+  aten.impl("cauchy_", TORCH_FN(cauchy_));
+  aten.impl("geometric_", TORCH_FN(geometric_));
+  aten.impl("bernoulli_.float", TORCH_FN(bernoulli_scalar));
+  aten.impl("bernoulli_.Tensor", TORCH_FN(bernoulli_tensor));
+  aten.impl("random_", TORCH_FN(random_));
+  aten.impl("random_.to", TORCH_FN(random_to));
+  aten.impl("random_.from", TORCH_FN(random_from));
+  aten.impl("randperm.generator_out", TORCH_FN(randperm_out));
+  aten.impl("multinomial", TORCH_FN(sample_multinomial));
+  aten.impl("multinomial.out", TORCH_FN(multinomial_out));
+  aten.impl("native_dropout", TORCH_FN(native_dropout));
+  aten.impl("normal.Tensor_float", TORCH_FN(normal_tensor_float));
+  aten.impl("normal.float_Tensor", TORCH_FN(normal_float_tensor));
+  aten.impl("normal.Tensor_Tensor", TORCH_FN(normal_tensor_tensor));
+}
+
+} // namespace openreg
