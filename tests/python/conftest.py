@@ -57,3 +57,19 @@ def _restore_openreg_state():
         torch.accelerator.set_stream(torch.openreg.default_stream(index))
     torch.openreg.set_device(0)
 
+
+
+@pytest.fixture
+def exact_memory():
+    """For tests that compare allocator statistics exactly: no automatic
+    garbage collection during the test (it could free an earlier test's
+    tensors between two readings). Garbage the test itself made is still
+    young afterwards, so a cheap ``gc.collect(0)`` finds it."""
+    import gc
+
+    gc.collect(1)
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
