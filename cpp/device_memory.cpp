@@ -26,6 +26,15 @@ at::Tensor cpu_view(const at::Tensor& t) {
   return at::Tensor(std::move(impl));
 }
 
+at::Tensor kernel_ref(const at::Tensor& t) {
+  if (!t.defined()) {
+    return t;
+  }
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(t.storage()), t.key_set(), t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
 at::Tensor copy_to_device(const at::Tensor& host, c10::Device device) {
   at::Tensor copy = at::empty_strided(host.sizes(), host.strides(), host.options().device(device));
   cpu_view(copy).copy_(host);

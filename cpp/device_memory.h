@@ -19,6 +19,15 @@ namespace openreg {
 // caller must carry back to the device (see Note [Fallback]).
 at::Tensor cpu_view(const at::Tensor& t);
 
+// Note [Kernel captures]: a queued kernel keeps the tensors it touches alive
+// by capturing kernel_ref(t), not t: a fresh TensorImpl sharing t's storage
+// and geometry. Dropping the last reference to a tensor that Python has
+// already released needs the GIL (its Python object is kept alive by the
+// TensorImpl); a kernel's references are dropped on the stream's worker,
+// possibly while a Python thread holds the GIL waiting for that stream.
+// A kernel_ref has no Python object, so dropping it never needs the GIL.
+at::Tensor kernel_ref(const at::Tensor& t);
+
 // A new openreg tensor on `device` holding a copy of the CPU tensor `host`
 // (same sizes and strides). Device memory must be accessible.
 at::Tensor copy_to_device(const at::Tensor& host, c10::Device device);

@@ -44,7 +44,7 @@ at::Tensor binary(
       at::infer_size_dimvector(self.sizes(), other.sizes()), self.options().dtype(dtype).device(device));
   launch(
       device.index(),
-      [out, self, other, compute] {
+      [out = kernel_ref(out), self = kernel_ref(self), other = kernel_ref(other), compute] {
         at::Tensor out_view = cpu_view(out);
         compute(out_view, operand(self), operand(other));
       },

@@ -32,13 +32,14 @@ class ArgumentRewriter {
  public:
   explicit ArgumentRewriter(const c10::OperatorHandle& op) : op_(op) {}
 
-  void rewrite(c10::IValue& value) {
+  // `written`: the schema marks the argument as mutated (in-place or out=).
+  void rewrite(c10::IValue& value, bool written) {
     if (value.isTensor()) {
-      value = to_cpu_view(value.toTensor());
+      value = to_cpu_view(value.toTensor(), written);
     } else if (value.isTensorList()) {
       c10::List<at::Tensor> list = value.toTensorList();
       for (size_t i = 0; i < list.size(); ++i) {
-        list.set(i, to_cpu_view(list.get(i)));
+        list.set(i, to_cpu_view(list.get(i), written));
       }
       value = list;
     } else if (value.isOptionalTensorList()) {
@@ -46,7 +47,7 @@ class ArgumentRewriter {
       for (size_t i = 0; i < list.size(); ++i) {
         std::optional<at::Tensor> t = list.get(i);
         if (t.has_value()) {
-          list.set(i, to_cpu_view(*t));
+          list.set(i, to_cpu_view(*t, written));
         }
       }
       value = list;
@@ -58,7 +59,7 @@ class ArgumentRewriter {
 
   // Checks mixed-device use once all arguments are seen.
   void finish() {
-    if (device_ && host_tensor_ && !accepts_cpu_indices(op_.operator_name())) {
+    if (device_ && (written_host_tensor_ || (host_tensor_ && !accepts_cpu_indices(op_.operator_name())))) {
       TORCH_CHECK(
           false, "Expected all tensors to be on the same device, but found at least two devices, ",
           *device_, " and cpu! (when checking arguments for ", op_.operator_name(), ")");
@@ -78,6 +79,10 @@ class ArgumentRewriter {
       if (result.unsafeGetTensorImpl() == view.unsafeGetTensorImpl()) {
         if (view.storage().data() != original.storage().data()) {
           rebind_resized(view, original);
+        } else if (!same_geometry(view, original)) {
+          // Resized within its storage (an out= that shrank).
+          const_cast<at::Tensor&>(original).set_(
+              original.storage(), view.storage_offset(), view.sizes(), view.strides());
         }
         return original;
       }
@@ -91,6 +96,10 @@ class ArgumentRewriter {
     return copy_to_device(result, device());
   }
 
+  static bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
+    return a.sizes() == b.sizes() && a.strides() == b.strides() && a.storage_offset() == b.storage_offset();
+  }
+
   // The CPU kernel resized an argument's view into fresh CPU memory: give the
   // openreg tensor device memory of the new geometry holding the result.
   static void rebind_resized(const at::Tensor& view, const at::Tensor& original) {
@@ -98,7 +107,9 @@ class ArgumentRewriter {
   }
 
  private:
-  at::Tensor to_cpu_view(const at::Tensor& t) {
+  // A CPU tensor may join device tensors only as a read 0-dim scalar (or as
+  // indices, see accepts_cpu_indices); a written CPU tensor never may.
+  at::Tensor to_cpu_view(const at::Tensor& t, bool written) {
     if (!t.defined()) {
       return t;
     }
@@ -108,7 +119,9 @@ class ArgumentRewriter {
       views_.emplace_back(view, t);
       return view;
     }
-    if (t.is_cpu() && t.dim() > 0) {
+    if (t.is_cpu() && written) {
+      written_host_tensor_ = true;
+    } else if (t.is_cpu() && t.dim() > 0) {
       host_tensor_ = true;
     }
     return t;
@@ -126,6 +139,7 @@ class ArgumentRewriter {
   const c10::OperatorHandle& op_;
   std::optional<c10::Device> device_;
   bool host_tensor_ = false;
+  bool written_host_tensor_ = false;
   std::vector<std::pair<at::Tensor, at::Tensor>> views_; // (CPU view, openreg original)
 };
 
@@ -133,8 +147,11 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t num_args = op.schema().arguments().size();
   const size_t num_returns = op.schema().returns().size();
   ArgumentRewriter rewriter(op);
-  for (size_t i = stack->size() - num_args; i < stack->size(); ++i) {
-    rewriter.rewrite((*stack)[i]);
+  const auto& arguments = op.schema().arguments();
+  const size_t first = stack->size() - num_args;
+  for (size_t i = first; i < stack->size(); ++i) {
+    const c10::AliasInfo* alias = arguments[i - first].alias_info();
+    rewriter.rewrite((*stack)[i], alias != nullptr && alias->isWrite());
   }
   rewriter.finish();
 

@@ -87,6 +87,9 @@ struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
   // stream order.
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t new_bytes) const override {
     TORCH_CHECK(storage.resizable(), "Trying to resize storage that is not resizable");
+    TORCH_CHECK(
+        static_cast<int64_t>(new_bytes) >= 0,
+        "resize_: the new size of an openreg storage must be non-negative, got ", static_cast<int64_t>(new_bytes));
     c10::DeviceIndex device = storage.device().index();
     c10::DeviceGuard guard(storage.device());
     synchronize_current_stream(device);

@@ -117,6 +117,11 @@ at::Tensor& set_source_storage_offset(
     c10::IntArrayRef stride) {
   TORCH_CHECK(
       source.device().is_privateuseone(), "set_: expected openreg storage, got storage on ", source.device());
+  // A geometry beyond the storage grows it, copying the old bytes: in stream
+  // order, with device memory accessible.
+  c10::DeviceGuard guard(source.device());
+  synchronize_current_stream(source.device().index());
+  DeviceAccess access;
   return at::native::set_storage_cpu_(self, std::move(source), storage_offset, size, stride);
 }
 
@@ -130,7 +135,10 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
 
 at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
   c10::DeviceGuard guard(self.device());
-  launch(self.device().index(), [self, value] { cpu_view(self).fill_(value); }, launch_mode_for(self.numel()));
+  launch(
+      self.device().index(),
+      [self = kernel_ref(self), value] { cpu_view(self).fill_(value); },
+      launch_mode_for(self.numel()));
   return self;
 }
 
@@ -160,7 +168,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   }
   launch(
       device,
-      [src, dst, src_on_device, dst_on_device] {
+      [src = kernel_ref(src), dst = kernel_ref(dst), src_on_device, dst_on_device] {
         at::Tensor target = dst_on_device ? cpu_view(dst) : dst;
         target.copy_(src_on_device ? cpu_view(src) : src);
       },

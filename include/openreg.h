@@ -33,6 +33,15 @@ typedef struct orStream_st* orStream_t;
 typedef struct orEvent_st* orEvent_t;
 typedef void (*orHostFn_t)(void* user_data);
 
+/* What orGetDeviceProperties reports (cf. cudaDeviceProp). */
+typedef struct orDeviceProp {
+  char name[64];
+  int major;
+  int minor;
+  int multiProcessorCount;
+  size_t totalGlobalMem;
+} orDeviceProp;
+
 /* orEventCreate flags. */
 #define orEventDefault 0x0u
 #define orEventDisableTiming 0x2u
@@ -51,6 +60,7 @@ int orDeviceSynchronize(void);
 int orDeviceHasPrimaryContext(int device, int* has_context);
 int orDeviceGetLiveWorkerCount(int device, int* count);
 int orDeviceGetStreamPriorityRange(int* least, int* greatest);
+int orGetDeviceProperties(orDeviceProp* prop, int device);
 
 /* Device memory, from the caching allocator of the current device (reuse is
  * ordered on the current stream, as for PyTorch tensors). */

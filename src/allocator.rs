@@ -379,9 +379,15 @@ impl DeviceAllocator {
         if size == 0 {
             return Ok(0);
         }
+        let mut st = self.state.lock();
+        if size > self.capacity {
+            // Cannot fit however much is freed (and would overflow rounding).
+            st.stats.num_ooms += 1;
+            let limit = st.limit.unwrap_or(self.capacity);
+            return Err(AllocError { error: self.oom_error(&st, size, limit), out_of_memory: true });
+        }
         let rounded = round_size(size);
         let pool = pool_of(rounded);
-        let mut st = self.state.lock();
         st.process_pending();
         let ptr = match st.best_fit(pool, stream, rounded) {
             Some(ptr) => ptr,

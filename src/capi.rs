@@ -139,6 +139,37 @@ pub extern "C" fn orDeviceGetLiveWorkerCount(device: c_int, count: *mut c_int) -
     })
 }
 
+/// `orDeviceProp` of include/openreg.h.
+#[repr(C)]
+pub struct DeviceProp {
+    pub name: [c_char; 64],
+    pub major: c_int,
+    pub minor: c_int,
+    pub multi_processor_count: c_int,
+    pub total_global_mem: usize,
+}
+
+#[no_mangle]
+pub extern "C" fn orGetDeviceProperties(prop: *mut DeviceProp, device: c_int) -> OrError {
+    guarded(|| {
+        let p = device::properties(device.into())?;
+        let mut name = [0 as c_char; 64];
+        for (slot, byte) in name.iter_mut().zip(p.name.bytes().take(63)) {
+            *slot = byte as c_char;
+        }
+        put(
+            prop,
+            DeviceProp {
+                name,
+                major: p.major,
+                minor: p.minor,
+                multi_processor_count: p.multi_processor_count,
+                total_global_mem: p.total_memory,
+            },
+        )
+    })
+}
+
 #[no_mangle]
 pub extern "C" fn orDeviceGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) -> OrError {
     guarded(|| {

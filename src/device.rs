@@ -30,6 +30,8 @@ pub struct DeviceProperties {
     pub major: i32,
     pub minor: i32,
     pub multi_processor_count: i32,
+    /// Capacity in bytes (`OPENREG_DEVICE_MEMORY`).
+    pub total_memory: usize,
     /// Quantized dtypes have no kernels here; `getDeviceCapability` says so.
     pub supports_quantized: bool,
 }
@@ -192,6 +194,7 @@ pub fn properties(index: i64) -> Result<DeviceProperties> {
         major: 1,
         minor: 0,
         multi_processor_count: std::thread::available_parallelism().map_or(1, |n| n.get() as i32),
+        total_memory: options::get().device_memory,
         supports_quantized: false,
     })
 }

@@ -125,6 +125,17 @@ static PyObject* set_memory_fraction(PyObject* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+static PyObject* device_properties(PyObject* self, PyObject* arg) {
+  int device = 0;
+  if (!parse_device(arg, &device))
+    return NULL;
+  orDeviceProp prop;
+  CHECK(orGetDeviceProperties(&prop, device));
+  return Py_BuildValue(
+      "{s:s,s:i,s:i,s:i,s:K}", "name", prop.name, "major", prop.major, "minor", prop.minor,
+      "multi_processor_count", prop.multiProcessorCount, "total_memory", (unsigned long long)prop.totalGlobalMem);
+}
+
 static PyObject* live_worker_count(PyObject* self, PyObject* arg) {
   int device = 0, count = 0;
   if (!parse_device(arg, &device))
@@ -178,6 +189,7 @@ static PyMethodDef methods[] = {
     {"_exchange_device", exchange_device, METH_O, "Set the current device; return the previous one."},
     {"_init", init, METH_NOARGS, "Initialize the openreg runtime."},
     {"_synchronize", synchronize, METH_O, "Wait for every stream of a device."},
+    {"_get_device_properties", device_properties, METH_O, "A device's properties, as a dict."},
     {"_set_memory_fraction", set_memory_fraction, METH_VARARGS, "(device, fraction): cap reservations."},
     {"_is_initialized", is_initialized, METH_NOARGS, "Whether the runtime is initialized."},
     {"_is_in_bad_fork", is_in_bad_fork, METH_NOARGS, "Whether this is a fork child of an initialized process."},

@@ -105,10 +105,6 @@ def test_mem_get_info_is_capacity_minus_reserved():
         assert free == total - torch.openreg.memory_reserved(device)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: torch.openreg.get_device_properties() has no total_memory (DESIGN: properties include total memory)",
-)
 def test_device_properties_report_total_memory():
     assert torch.openreg.get_device_properties(0).total_memory == DEFAULT_CAPACITY
 

@@ -158,11 +158,6 @@ def test_host_write_faults():
 
 
 @pytest.mark.subprocess
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: set_(storage, offset, size, stride) that grows the storage copies device memory "
-    "outside an access window (ATen's resize_bytes_cpu): SIGSEGV under OPENREG_MEMORY_PROTECT=1",
-)
 def test_set_that_grows_the_storage_works_under_protection():
     data = PROTECT_SET_GROWS_STORAGE.result().check_ok()
     assert data["nbytes"] == 105 * 4

@@ -303,11 +303,6 @@ def test_out_of_zero_elements_is_resized_on_the_device():
     assert torch.openreg.memory_allocated(1) >= 2 * 6 * 4 * 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an out= tensor whose shape is wrong but whose storage is big enough keeps its old shape "
-    "(the fallback resizes only the CPU view; Note [Fallback] rebinds only when storage moved)",
-)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_out_of_the_wrong_shape_is_resized_like_on_cpu():
     a = torch.ones(2, 2)

@@ -158,10 +158,5 @@ SAVE_AFTER_QUEUED_WORK = script(
 
 
 @pytest.mark.subprocess
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: deadlock: torch.save of a tensor with a queued kernel waits for the stream holding the GIL "
-    "while the worker needs the GIL to release the finished kernel's captured tensor",
-)
 def test_save_right_after_a_queued_kernel():
     assert SAVE_AFTER_QUEUED_WORK.result().check_ok()["sum"] == 1.5 * (1 << 22)

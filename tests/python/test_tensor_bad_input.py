@@ -66,11 +66,6 @@ def test_out_on_the_wrong_device():
     assert a.tolist() == [1.0, 1.0, 1.0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a 0-dim CPU out= tensor is accepted for openreg inputs (the fallback treats every 0-dim CPU "
-    "tensor as a scalar operand) and is silently resized into a CPU result",
-)
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_zero_dim_cpu_out_for_openreg_inputs_is_rejected():
     a = torch.ones(3, device="openreg:0")
@@ -213,11 +208,6 @@ NEGATIVE_STORAGE_RESIZE = script(
 
 
 @pytest.mark.subprocess
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: untyped_storage().resize_(-5) is accepted: size_t(-5) overflows the allocator's 512-byte "
-    "rounding to 0, corrupting its block map; a later free panics ('neighbour exists') and aborts the process",
-)
 def test_negative_storage_resize_is_refused():
     data = NEGATIVE_STORAGE_RESIZE.result().check_ok()
     assert data["error"] is not None and data["error"].startswith("RuntimeError"), data

@@ -236,11 +236,6 @@ STORAGE_AFTER_QUEUED_WORK = script(
 
 
 @pytest.mark.subprocess
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: deadlock: storage resize_/clone wait for the stream holding the GIL while the stream's worker "
-    "needs the GIL to destroy a finished kernel that captured a Python-owned tensor",
-)
 def test_storage_resize_sees_queued_writes():
     data = STORAGE_AFTER_QUEUED_WORK.result().check_ok()
     assert data["head"] == [3.0] * 4

@@ -77,14 +77,17 @@ class _DeviceProperties(NamedTuple):
     index: int
     major: int
     minor: int
+    multi_processor_count: int
+    total_memory: int
 
 
 def get_device_properties(device: Any = None) -> _DeviceProperties:
+    """Name, capability (major, minor), core count and capacity of ``device``."""
     index = _device_index(device, optional=True)
-    count = device_count()
-    if not 0 <= index < count:
-        raise RuntimeError(f"openreg device index {index} is out of range: there are {count} devices")
-    return _DeviceProperties(f"OpenReg Simulated Device {index}", index, 1, 0)
+    props = _C._get_device_properties(index)
+    return _DeviceProperties(
+        props["name"], index, props["major"], props["minor"], props["multi_processor_count"], props["total_memory"]
+    )
 
 
 def get_device_name(device: Any = None) -> str:
