@@ -51,30 +51,43 @@ class DeviceAccess {
 // next synchronize; otherwise rethrown.
 void queue_kernel(c10::DeviceIndex device, std::function<void()> body, ffi::LaunchMode mode);
 
-// Runs `body` on the current stream of `device` with device memory
-// accessible, as `mode` says. InlineIfIdle on an idle stream runs it right
-// here, without packaging it as a queued kernel.
-template <typename Body>
-void launch(c10::DeviceIndex device, Body&& body, ffi::LaunchMode mode) {
-  if (mode == ffi::LaunchMode::InlineIfIdle && checked([&] { return ffi::begin_inline_kernel(device); })) {
-    struct EndInline {
-      c10::DeviceIndex device;
-      ~EndInline() {
-        ffi::end_inline_kernel(device);
-      }
-    } end_inline{device};
-    DeviceAccess access;
-    body();
-    return;
-  }
-  queue_kernel(device, std::forward<Body>(body), mode);
-}
-
 // Kernels up to this many elements run inline on an idle stream.
 constexpr int64_t kInlineKernelElements = 1 << 16;
 
 // The launch mode for a kernel touching `numel` elements.
 ffi::LaunchMode launch_mode_for(int64_t numel);
+
+// Runs `body` right here, as the next work of the current stream of
+// `device`, if `numel` is at most kInlineKernelElements and that stream is
+// idle (Note [Inline launches]); returns whether it did. The caller holds
+// its tensors meanwhile, so `body` may capture them by reference.
+template <typename Body>
+bool run_inline(c10::DeviceIndex device, int64_t numel, Body&& body) {
+  if (numel > kInlineKernelElements || !checked([&] { return ffi::begin_inline_kernel(device); })) {
+    return false;
+  }
+  struct EndInline {
+    c10::DeviceIndex device;
+    ~EndInline() {
+      ffi::end_inline_kernel(device);
+    }
+  } end_inline{device};
+  DeviceAccess access;
+  body();
+  return true;
+}
+
+// Runs `body` on the current stream of `device` with device memory
+// accessible, as `mode` says. InlineIfIdle on an idle stream runs it right
+// here, without packaging it as a queued kernel.
+template <typename Body>
+void launch(c10::DeviceIndex device, Body&& body, ffi::LaunchMode mode) {
+  if (mode == ffi::LaunchMode::InlineIfIdle && run_inline(device, 0, body)) {
+    return;
+  }
+  queue_kernel(device, std::forward<Body>(body), mode);
+}
+
 
 // Waits for everything queued on the current stream of `device`.
 void synchronize_current_stream(c10::DeviceIndex device);

@@ -42,13 +42,16 @@ at::Tensor binary(
   c10::DeviceGuard guard(device);
   at::Tensor out = at::empty(
       at::infer_size_dimvector(self.sizes(), other.sizes()), self.options().dtype(dtype).device(device));
-  launch(
-      device.index(),
-      [out = kernel_ref(out), self = kernel_ref(self), other = kernel_ref(other), compute] {
-        at::Tensor out_view = cpu_view(out);
-        compute(out_view, operand(self), operand(other));
-      },
-      launch_mode_for(out.numel()));
+  auto run = [compute](const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+    at::Tensor out_view = cpu_view(out);
+    compute(out_view, operand(a), operand(b));
+  };
+  if (!run_inline(device.index(), out.numel(), [&] { run(out, self, other); })) {
+    queue_kernel(
+        device.index(),
+        [run, out = kernel_ref(out), self = kernel_ref(self), other = kernel_ref(other)] { run(out, self, other); },
+        ffi::LaunchMode::Queue);
+  }
   return out;
 }
 

@@ -135,10 +135,10 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
 
 at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
   c10::DeviceGuard guard(self.device());
-  launch(
-      self.device().index(),
-      [self = kernel_ref(self), value] { cpu_view(self).fill_(value); },
-      launch_mode_for(self.numel()));
+  const c10::DeviceIndex device = self.device().index();
+  if (!run_inline(device, self.numel(), [&] { cpu_view(self).fill_(value); })) {
+    queue_kernel(device, [self = kernel_ref(self), value] { cpu_view(self).fill_(value); }, ffi::LaunchMode::Queue);
+  }
   return self;
 }
 

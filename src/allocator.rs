@@ -476,18 +476,23 @@ impl DeviceAllocator {
 
     /// Returns `ptr` to the cache (see Note [Caching allocator]).
     pub fn free(&self, ptr: usize) -> Result<()> {
+        self.try_free(ptr).unwrap_or_else(|| {
+            Err(Error::invalid_value(format!(
+                "free of {ptr:#x} on openreg device {}: not a live allocation of this device",
+                self.device
+            )))
+        })
+    }
+
+    /// `free`, or `None` when `ptr` is not a live allocation of this device.
+    fn try_free(&self, ptr: usize) -> Option<Result<()>> {
         if ptr == 0 {
-            return Ok(());
+            return Some(Ok(()));
         }
         let mut st = self.state.lock();
         let block = match st.blocks.get_mut(&ptr) {
             Some(b) if b.state == BlockState::Allocated => b,
-            _ => {
-                return Err(Error::invalid_value(format!(
-                    "free of {ptr:#x} on openreg device {}: not a live allocation of this device",
-                    self.device
-                )))
-            }
+            _ => return None,
         };
         let (pool, size, requested) = (block.pool, block.size, block.requested);
         let markers: Vec<_> = block.uses.iter().map(|s| (*s, s.marker())).filter(|(s, seq)| !s.has_completed(*seq)).collect();
@@ -504,7 +509,7 @@ impl DeviceAllocator {
         } else {
             st.pending.push(PendingFree { ptr, markers });
         }
-        Ok(())
+        Some(Ok(()))
     }
 
     /// Marks `ptr` as used by `stream` too, deferring its reuse after free
@@ -614,8 +619,8 @@ pub fn free_anywhere(ptr: usize) -> Result<()> {
     if ptr == 0 {
         return Ok(());
     }
-    match device_of(ptr) {
-        Some(index) => crate::device::context(index.into())?.allocator.free(ptr),
-        None => Err(Error::invalid_value(format!("free of {ptr:#x}: not openreg device memory"))),
-    }
+    // One lookup per device tried (a DataPtr deleter knows only the pointer).
+    crate::device::existing_contexts()
+        .find_map(|ctx| ctx.allocator.try_free(ptr))
+        .unwrap_or_else(|| Err(Error::invalid_value(format!("free of {ptr:#x}: not openreg device memory"))))
 }
