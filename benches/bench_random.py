@@ -10,28 +10,12 @@ _C._get_default_generator, Generator.manual_seed) is reported beside a CPU
 torch.Generator's manual_seed.
 """
 
-import statistics
-import time
-
 import torch
 import torch_openreg  # noqa: F401
+from timing import median_seconds
 
 DEV = "openreg:0"
 N = 4_000_000
-
-
-def median_seconds(fn, repeat: int, batches: int = 7) -> float:
-    """Median over batches of the per-call time of `fn` (synchronized)."""
-    fn()
-    torch.openreg.synchronize()
-    samples = []
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        torch.openreg.synchronize()
-        samples.append((time.perf_counter() - t0) / repeat)
-    return statistics.median(samples)
 
 
 def main() -> None:

@@ -9,27 +9,11 @@ H2D/D2H 64 MiB ≥ 0.7x of a CPU clone's bandwidth, 1 MiB alloc+free ≤ 1.5x,
 MLP training step ≤ 1.5x.
 """
 
-import statistics
-import time
-
 import torch
 import torch_openreg  # noqa: F401
+from timing import median_seconds
 
 DEV = "openreg:0"
-
-
-def median_seconds(fn, repeat: int, batches: int = 7) -> float:
-    """Median over batches of the per-call time of `fn` (synchronized)."""
-    fn()
-    torch.openreg.synchronize()
-    samples = []
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        torch.openreg.synchronize()
-        samples.append((time.perf_counter() - t0) / repeat)
-    return statistics.median(samples)
 
 
 def bench_add(n: int, repeat: int):
