@@ -57,6 +57,25 @@ def main() -> None:
         t.join()
     print(f"per-thread current devices: {seen}; main thread still on {torch.openreg.current_device()}")
 
+    # Tensors, autograd and random numbers on openreg:1, as on a CUDA device.
+    torch.openreg.manual_seed_all(42)  # every device, as torch.cuda.manual_seed_all
+    x = torch.randn(64, 16, device="openreg:1")
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to("openreg:1")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    target = x.sum(dim=1, keepdim=True)
+    for step in range(20):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        opt.step()
+    print(f"trained a small MLP on {x.device}: loss {loss.item():.4f}")
+    torch.openreg.manual_seed_all(42)
+    print(f"same seed, same numbers: {torch.equal(torch.randn(64, 16, device='openreg:1').cpu(), x.cpu())}")
+    print(
+        f"memory on openreg:1: {torch.openreg.memory_allocated(1)} bytes allocated, "
+        f"{torch.openreg.memory_reserved(1)} reserved, peak {torch.openreg.max_memory_allocated(1)}"
+    )
+
     # Bad input is a clear exception, not a crash.
     try:
         torch.accelerator.set_device_index(7)
