@@ -15,6 +15,10 @@ bash scripts/install.sh --no-demo || exit 1
 # The PyPI cmake and ninja wheels install their programs beside the package.
 CMAKE_BIN=$("$PYTHON" -c 'import cmake; print(cmake.CMAKE_BIN_DIR)')
 NINJA=$("$PYTHON" -c 'import ninja, os; print(os.path.join(ninja.BIN_DIR, "ninja"))')
+# torch.utils.cpp_extension (the custom-kernel test) looks for `ninja` on PATH:
+# put the interpreter's scripts directory first, where pip put it (a pyenv
+# shim for it may not exist yet on a fresh machine).
+export PATH="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
 
 failed=()
 run() {
