@@ -182,8 +182,7 @@ pub extern "C" fn orDeviceGetStreamPriorityRange(least: *mut c_int, greatest: *m
 #[no_mangle]
 pub extern "C" fn orStreamGetCurrent(device: c_int, stream: *mut *mut c_void) -> OrError {
     guarded(|| {
-        let index = device::check_index(device::resolve(device.into()))?;
-        put(stream, stream_handle(stream::lookup(index.into(), stream::current_stream_id(index))?))
+        put(stream, stream_handle(stream::current(device.into())?))
     })
 }
 
@@ -307,9 +306,8 @@ pub extern "C" fn orEventDestroy(event: *mut c_void) -> OrError {
 #[no_mangle]
 pub extern "C" fn orMalloc(ptr: *mut *mut c_void, size: usize) -> OrError {
     guarded(|| {
-        let ctx = device::context(device::current_device().into())?;
-        let stream = ctx.streams.get(stream::current_stream_id(ctx.index))?;
-        let got = ctx.allocator.malloc(size, stream).map_err(|e| e.error)?;
+        let stream = stream::current(-1)?;
+        let got = device::context(stream.device().into())?.allocator.malloc(size, stream).map_err(|e| e.error)?;
         put(ptr, got as *mut c_void)
     })
 }

@@ -398,10 +398,8 @@ unsafe fn event_elapsed_ms(start: usize, end: usize, device: i8) -> Result<f64> 
 
 fn device_malloc(device: i8, size: usize) -> Allocation {
     let failed = |error: crate::error::Error, out_of_memory| Allocation { ptr: 0, out_of_memory, error: error.message };
-    let result = device::context(device::resolve(device.into())).and_then(|ctx| {
-        let stream = ctx.streams.get(stream::current_stream_id(ctx.index))?;
-        Ok(ctx.allocator.malloc(size, stream))
-    });
+    let result = stream::current(device.into())
+        .and_then(|stream| Ok(device::context(stream.device().into())?.allocator.malloc(size, stream)));
     match result {
         Ok(Ok(ptr)) => Allocation { ptr, out_of_memory: false, error: String::new() },
         Ok(Err(e)) => failed(e.error, e.out_of_memory),
@@ -503,25 +501,20 @@ fn end_device_access() {
     memory::end_access()
 }
 
-fn current_stream_of(device: i8) -> Result<&'static stream::StreamQueue> {
-    let index = device::check_index(device::resolve(device.into()))?;
-    stream::lookup(index.into(), stream::current_stream_id(index))
-}
-
 fn begin_inline_kernel(device: i8) -> Result<bool> {
-    Ok(current_stream_of(device)?.try_begin_inline())
+    Ok(stream::current(device.into())?.try_begin_inline())
 }
 
 /// Ends what `begin_inline_kernel` began; the stream is the one reserved then
 /// (the current stream cannot change in between: the same thread runs both).
 fn end_inline_kernel(device: i8) {
-    if let Ok(stream) = current_stream_of(device) {
+    if let Ok(stream) = stream::current(device.into()) {
         stream.end_inline();
     }
 }
 
 fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMode) -> Result<()> {
-    let stream = current_stream_of(device)?;
+    let stream = stream::current(device.into())?;
     let task = stream::Task::Run(Box::new(move || {
         let kernel = kernel.as_mut().expect("a launched kernel is never null");
         bridge::run_kernel(kernel).map_err(|e| crate::error::Error::invalid_value(e.what().to_string()))
@@ -537,7 +530,7 @@ fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMod
 }
 
 fn stream_wait_stream(waiter: i8, device: i8) -> Result<()> {
-    let (waiter, source) = (current_stream_of(waiter)?, current_stream_of(device)?);
+    let (waiter, source) = (stream::current(waiter.into())?, stream::current(device.into())?);
     let seq = source.marker();
     if std::ptr::eq(waiter, source) || source.has_completed(seq) {
         return Ok(());

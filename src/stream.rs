@@ -435,3 +435,11 @@ pub fn exchange_current_stream(device: DeviceIndex, id: StreamId) -> Result<Stre
 pub fn lookup(device: i64, id: StreamId) -> Result<&'static StreamQueue> {
     crate::device::context(crate::device::resolve(device))?.streams.get(id)
 }
+
+/// This thread's current stream of `device` (-1: the current device),
+/// creating the device's context on first use.
+#[inline]
+pub fn current(device: i64) -> Result<&'static StreamQueue> {
+    let index = crate::device::check_index(crate::device::resolve(device))?;
+    lookup(index.into(), current_stream_id(index))
+}
