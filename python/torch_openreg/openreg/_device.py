@@ -30,12 +30,25 @@ def _device_index(device: Any, optional: bool = False) -> int:
             return _C._get_device()
         return device.index
     if isinstance(device, int) and not isinstance(device, bool):
-        count = _C._device_count()
-        if device >= count:
+        if device >= _C._device_count():
             # Checked here: torch.device would silently truncate a huge index.
-            raise RuntimeError(f"openreg device index {device} is out of range: there are {count} devices")
+            _raise_out_of_range(device)
         return device
     raise TypeError(f"expected an int, str or torch.device naming an openreg device, but got {device!r}")
+
+
+def _valid_index(device: Any) -> int:
+    """``_device_index`` (``None`` or no index: the current device), checked
+    to name an existing device."""
+    index = _device_index(device, optional=True)
+    if not 0 <= index < _C._device_count():
+        _raise_out_of_range(index)
+    return index
+
+
+def _raise_out_of_range(index: int) -> None:
+    count = _C._device_count()
+    raise RuntimeError(f"openreg device index {index} is out of range: there are {count} devices")
 
 
 def is_available() -> bool:

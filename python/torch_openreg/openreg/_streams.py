@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ._device import _DEVICE_TYPE, _device_index
+from ._device import _DEVICE_TYPE, _device_index, _valid_index
 
 
 class Stream(torch.Stream):
@@ -45,11 +45,7 @@ def current_stream(device: Any = None) -> Stream:
 
 def default_stream(device: Any = None) -> Stream:
     """The default stream (id 0) of ``device`` (default: current device)."""
-    index = _device_index(device, optional=True)
-    count = torch.openreg.device_count()
-    if not 0 <= index < count:
-        raise RuntimeError(f"openreg device index {index} is out of range: there are {count} devices")
-    return Stream(stream_id=0, device_index=index, device_type=_PRIVATEUSE1_TYPE_CODE)
+    return Stream(stream_id=0, device_index=_valid_index(device), device_type=_PRIVATEUSE1_TYPE_CODE)
 
 
 def set_stream(stream: torch.Stream) -> None:
