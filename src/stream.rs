@@ -242,7 +242,12 @@ impl StreamQueue {
         st.completed += 1;
         st.inline_running = false;
         self.progress.notify_all();
-        self.work_available.notify_one();
+        // Work queued behind the inline task waits for this; an idle worker
+        // with nothing queued is left asleep (waking it costs a futex call
+        // and restarts its idle countdown: Note [Idle workers]).
+        if !st.tasks.is_empty() {
+            self.work_available.notify_one();
+        }
     }
 
     /// True when every submitted task has finished running.
