@@ -19,7 +19,9 @@ fn find_torch() -> Torch {
     }
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let script = "import os, torch; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI))";
-    let output = Command::new(&python).args(["-c", script]).output();
+    // Without autoload: an installed torch_openreg (this very library, maybe
+    // mid-rebuild) must not be loaded to find the torch it builds against.
+    let output = Command::new(&python).args(["-c", script]).env("TORCH_DEVICE_BACKEND_AUTOLOAD", "0").output();
     match output {
         Ok(out) if out.status.success() => {
             let text = String::from_utf8_lossy(&out.stdout);
