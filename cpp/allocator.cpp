@@ -154,9 +154,13 @@ struct PinnedHostAllocator final : public c10::Allocator {
 // Both allocators are created on first use and never destroyed: PyTorch
 // keeps pointers to them until the process ends, and registration may run
 // before this file's static initializers.
-void register_allocators() {
+c10::Allocator* device_memory_allocator() {
   static auto* device_allocator = new OpenRegDeviceAllocator();
-  c10::SetAllocator(kOpenReg, device_allocator);
+  return device_allocator;
+}
+
+void register_allocators() {
+  c10::SetAllocator(kOpenReg, device_memory_allocator());
 }
 
 c10::Allocator* pinned_memory_allocator() {

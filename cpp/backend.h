@@ -19,6 +19,8 @@ at::PrivateUse1HooksInterface* new_hooks();
 
 // Registers the device allocator (c10::SetAllocator for PrivateUse1).
 void register_allocators();
+// The device allocator (what c10::GetAllocator(kPrivateUse1) returns).
+c10::Allocator* device_memory_allocator();
 // The allocator behind pin_memory() (handed out by the hooks).
 c10::Allocator* pinned_memory_allocator();
 // Registers the aten kernels and the boxed fallback for PrivateUse1.

@@ -1,10 +1,12 @@
 // See device_memory.h.
 #include "torch_openreg/cpp/device_memory.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
 
+#include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/checked.h"
 #include "torch_openreg/src/ffi.rs.h"
 
@@ -26,13 +28,24 @@ at::Tensor cpu_view(const at::Tensor& t) {
   return at::Tensor(std::move(impl));
 }
 
-at::Tensor kernel_ref(const at::Tensor& t) {
+at::Tensor kernel_operand(const at::Tensor& t) {
   if (!t.defined()) {
     return t;
+  }
+  if (t.is_privateuseone()) {
+    return cpu_view(t);
   }
   auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(t.storage()), t.key_set(), t.dtype());
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   return at::Tensor(std::move(impl));
+}
+
+at::Tensor empty_on_current_device(
+    c10::IntArrayRef sizes,
+    c10::ScalarType dtype,
+    std::optional<c10::MemoryFormat> memory_format) {
+  return at::detail::empty_generic(
+      sizes, device_memory_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype, memory_format);
 }
 
 at::Tensor copy_to_device(const at::Tensor& host, c10::Device device) {

@@ -19,14 +19,24 @@ namespace openreg {
 // caller must carry back to the device (see Note [Fallback]).
 at::Tensor cpu_view(const at::Tensor& t);
 
-// Note [Kernel captures]: a queued kernel keeps the tensors it touches alive
-// by capturing kernel_ref(t), not t: a fresh TensorImpl sharing t's storage
-// and geometry. Dropping the last reference to a tensor that Python has
-// already released needs the GIL (its Python object is kept alive by the
-// TensorImpl); a kernel's references are dropped on the stream's worker,
-// possibly while a Python thread holds the GIL waiting for that stream.
-// A kernel_ref has no Python object, so dropping it never needs the GIL.
-at::Tensor kernel_ref(const at::Tensor& t);
+// Note [Kernel captures]: a queued kernel captures kernel_operand(t) of each
+// tensor it touches, never t. For a device tensor that is a CPU view of its
+// memory, which does not keep the memory alive: device memory is
+// stream-ordered (Note [Stream-ordered memory] in src/allocator.rs), so the
+// tensor may be freed while the kernel is queued, as with CUDA. A host
+// tensor (pinned memory, a CPU scalar) is kept alive by a fresh TensorImpl
+// sharing its storage and geometry. Neither has a Python object: a kernel's
+// captures are dropped on the stream's worker, possibly while a Python
+// thread holds the GIL waiting for that stream, and dropping the last
+// reference to a tensor whose Python object is gone would need the GIL.
+at::Tensor kernel_operand(const at::Tensor& t);
+
+// A new openreg tensor on the current device (the caller's DeviceGuard
+// chooses it): what the `empty` kernel makes, without a dispatch to it.
+at::Tensor empty_on_current_device(
+    c10::IntArrayRef sizes,
+    c10::ScalarType dtype,
+    std::optional<c10::MemoryFormat> memory_format = std::nullopt);
 
 // A new openreg tensor on `device` holding a copy of the CPU tensor `host`
 // (same sizes and strides). Device memory must be accessible.

@@ -2,9 +2,16 @@
 // skip the boxed fallback's argument rewriting and its extra output copy:
 // the output is allocated on the device up front and the CPU kernel writes
 // straight into it, as a kernel on the current stream (inline when short
-// and the stream is idle: Note [Inline launches]).
-#include <ATen/ATen.h>
+// and the stream is idle: Note [Inline launches]). The CPU kernel is called
+// directly (at::cpu::*_out), not re-dispatched: a 1K-element add costs
+// about as much as the bookkeeping around it.
 #include <ATen/ExpandUtils.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/add_cpu_dispatch.h>
+#include <ATen/ops/div_cpu_dispatch.h>
+#include <ATen/ops/mul_cpu_dispatch.h>
+#include <ATen/ops/result_type.h>
+#include <ATen/ops/sub_cpu_dispatch.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -40,47 +47,52 @@ at::Tensor binary(
     Compute compute) {
   c10::Device device = binary_device(self, other, op);
   c10::DeviceGuard guard(device);
-  at::Tensor out = at::empty(
-      at::infer_size_dimvector(self.sizes(), other.sizes()), self.options().dtype(dtype).device(device));
-  auto run = [compute](const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
-    at::Tensor out_view = cpu_view(out);
-    compute(out_view, operand(a), operand(b));
-  };
-  if (!run_inline(device.index(), out.numel(), [&] { run(out, self, other); })) {
+  at::Tensor out = empty_on_current_device(at::infer_size_dimvector(self.sizes(), other.sizes()), dtype);
+  if (!run_inline(device.index(), out.numel(), [&] {
+        at::Tensor out_view = cpu_view(out);
+        compute(out_view, operand(self), operand(other));
+      })) {
     queue_kernel(
         device.index(),
-        [run, out = kernel_ref(out), self = kernel_ref(self), other = kernel_ref(other)] { run(out, self, other); },
+        [compute, out = kernel_operand(out), a = kernel_operand(self), b = kernel_operand(other)]() mutable {
+          compute(out, a, b);
+        },
         ffi::LaunchMode::Queue);
   }
   return out;
 }
 
+// at::result_type, without its cost in the common case of equal dtypes.
+c10::ScalarType common_dtype(const at::Tensor& self, const at::Tensor& other) {
+  return self.scalar_type() == other.scalar_type() ? self.scalar_type() : at::result_type(self, other);
+}
+
 at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  return binary(self, other, at::result_type(self, other), "add", [alpha](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
-    at::add_out(out, a, b, alpha);
+  return binary(self, other, common_dtype(self, other), "add", [alpha](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+    at::cpu::add_out(out, a, b, alpha);
   });
 }
 
 at::Tensor sub(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  return binary(self, other, at::result_type(self, other), "sub", [alpha](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
-    at::sub_out(out, a, b, alpha);
+  return binary(self, other, common_dtype(self, other), "sub", [alpha](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+    at::cpu::sub_out(out, a, b, alpha);
   });
 }
 
 at::Tensor mul(const at::Tensor& self, const at::Tensor& other) {
-  return binary(self, other, at::result_type(self, other), "mul", [](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
-    at::mul_out(out, a, b);
+  return binary(self, other, common_dtype(self, other), "mul", [](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+    at::cpu::mul_out(out, a, b);
   });
 }
 
 // True division: integral inputs give the default floating dtype.
 at::Tensor div(const at::Tensor& self, const at::Tensor& other) {
-  c10::ScalarType dtype = at::result_type(self, other);
+  c10::ScalarType dtype = common_dtype(self, other);
   if (c10::isIntegralType(dtype, /*includeBool=*/true)) {
     dtype = c10::typeMetaToScalarType(c10::get_default_dtype());
   }
   return binary(self, other, dtype, "div", [](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
-    at::div_out(out, a, b);
+    at::cpu::div_out(out, a, b);
   });
 }
 

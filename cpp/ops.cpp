@@ -56,8 +56,7 @@ at::Tensor empty_memory_format(
     std::optional<c10::MemoryFormat> memory_format) {
   check_factory_args(layout, pin_memory);
   c10::DeviceGuard guard(checked_device(device_opt));
-  return at::detail::empty_generic(
-      size, c10::GetAllocator(c10::kPrivateUse1), kOpenRegKeys, c10::dtype_or_default(dtype), memory_format);
+  return empty_on_current_device(size, c10::dtype_or_default(dtype), memory_format);
 }
 
 at::Tensor empty_strided(
@@ -70,7 +69,7 @@ at::Tensor empty_strided(
   check_factory_args(layout, pin_memory);
   c10::DeviceGuard guard(checked_device(device_opt));
   return at::detail::empty_strided_generic(
-      size, stride, c10::GetAllocator(c10::kPrivateUse1), kOpenRegKeys, c10::dtype_or_default(dtype));
+      size, stride, device_memory_allocator(), kOpenRegKeys, c10::dtype_or_default(dtype));
 }
 
 // Views only rewrite metadata: no device memory is touched.
@@ -137,7 +136,7 @@ at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
   c10::DeviceGuard guard(self.device());
   const c10::DeviceIndex device = self.device().index();
   if (!run_inline(device, self.numel(), [&] { cpu_view(self).fill_(value); })) {
-    queue_kernel(device, [self = kernel_ref(self), value] { cpu_view(self).fill_(value); }, ffi::LaunchMode::Queue);
+    queue_kernel(device, [self = kernel_operand(self), value] { self.fill_(value); }, ffi::LaunchMode::Queue);
   }
   return self;
 }
@@ -168,10 +167,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   }
   launch(
       device,
-      [src = kernel_ref(src), dst = kernel_ref(dst), src_on_device, dst_on_device] {
-        at::Tensor target = dst_on_device ? cpu_view(dst) : dst;
-        target.copy_(src_on_device ? cpu_view(src) : src);
-      },
+      [src = kernel_operand(src), dst = kernel_operand(dst)] { dst.copy_(src); },
       asynchronous ? launch_mode_for(src.numel()) : ffi::LaunchMode::Wait);
   if (cross_device) {
     checked([&] { ffi::stream_wait_stream(dst.device().index(), device); });

@@ -60,12 +60,12 @@ at::Tensor& generate(at::Tensor& self, const ffi::RandomFill& fill, const Gen& g
   at::Tensor buffer = direct ? self : at::empty({numel}, self.options().dtype(dtype));
   launch(
       self.device().index(),
-      [self = kernel_ref(self), buffer = kernel_ref(buffer), fill, slice, numel, direct] {
+      [self = kernel_operand(self), buffer = kernel_operand(buffer), fill, slice, numel, direct] {
         checked([&] {
           ffi::random_fill(reinterpret_cast<uintptr_t>(buffer.data_ptr()), numel, fill, slice);
         });
         if (!direct) {
-          cpu_view(self).copy_(cpu_view(buffer).view(self.sizes()));
+          self.copy_(buffer.view(self.sizes()));
         }
       },
       launch_mode_for(numel));
@@ -124,9 +124,8 @@ at::Tensor& bernoulli_tensor(at::Tensor& self, const at::Tensor& p, Gen gen) {
   generate_float(u, ffi::RandomKind::Uniform, 0, 1, gen);
   launch(
       self.device().index(),
-      [self = kernel_ref(self), u = kernel_ref(u), p = kernel_ref(p)] {
-        at::Tensor out = cpu_view(self);
-        at::lt_out(out, cpu_view(u), p.is_privateuseone() ? cpu_view(p) : p);
+      [self = kernel_operand(self), u = kernel_operand(u), p = kernel_operand(p)]() mutable {
+        at::lt_out(self, u, p);
       },
       launch_mode_for(self.numel()));
   return self;
@@ -201,10 +200,10 @@ at::Tensor& randperm_out(int64_t n, Gen gen, at::Tensor& out) {
   at::Tensor buffer = direct ? out : at::empty({n}, out.options().dtype(c10::kLong));
   launch(
       out.device().index(),
-      [out = kernel_ref(out), buffer = kernel_ref(buffer), slice, n, direct] {
+      [out = kernel_operand(out), buffer = kernel_operand(buffer), slice, n, direct] {
         ffi::random_permutation(reinterpret_cast<uintptr_t>(buffer.data_ptr()), static_cast<size_t>(n), slice);
         if (!direct) {
-          cpu_view(out).copy_(cpu_view(buffer));
+          out.copy_(buffer);
         }
       },
       ffi::LaunchMode::Queue); // serial: never on the caller's thread

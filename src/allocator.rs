@@ -14,11 +14,20 @@
 //! Mapped memory is returned only by `empty_cache`, or when an allocation
 //! would otherwise fail: then cached segments are released, pending frees
 //! are waited for, and only if that is not enough is it out of memory.
+//!
+//! Note [Stream-ordered memory]: as with CUDA, a block is free the moment
+//! its tensor is, even while kernels queued on its stream still use it:
+//! queued kernels do not keep device memory alive. That is safe because
+//! only later work on the same stream can get the block again. Unmapping is
+//! the exception — no queued kernel may touch a segment after it — so each
+//! segment remembers how far its stream had got when a block of it was last
+//! freed, and is unmapped only once the stream has passed that point
+//! (`release_cached_segments` waits for it, with the lock released).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::device::DeviceIndex;
 use crate::error::{Error, ErrorKind, Result};
@@ -136,6 +145,8 @@ struct Block {
     size: usize,
     requested: usize,
     segment: usize,
+    /// The size of the segment: a block smaller than it is a split block.
+    segment_size: usize,
     stream: &'static StreamQueue,
     pool: Pool,
     state: BlockState,
@@ -146,9 +157,20 @@ struct Block {
     uses: Vec<&'static StreamQueue>,
 }
 
+impl Block {
+    fn is_split(&self) -> bool {
+        self.size != self.segment_size
+    }
+}
+
 struct Segment {
     size: usize,
     pool: Pool,
+    stream: &'static StreamQueue,
+    /// The end of `stream` when a block of this segment was last freed: no
+    /// queued kernel uses the segment once the stream has completed it
+    /// (Note [Stream-ordered memory]).
+    last_free: u64,
 }
 
 struct PendingFree {
@@ -242,13 +264,9 @@ fn should_split(pool: Pool, remaining: usize) -> bool {
 }
 
 impl State {
-    fn is_split(&self, block: &Block) -> bool {
-        block.size != self.segments[&block.segment].size
-    }
-
     fn add_free(&mut self, ptr: usize) {
         let block = &self.blocks[&ptr];
-        let (key, pool, size, split) = ((stream_key(block.stream), block.size, ptr), block.pool, block.size, self.is_split(block));
+        let (key, pool, size, split) = ((stream_key(block.stream), block.size, ptr), block.pool, block.size, block.is_split());
         self.free[pool as usize].insert(key);
         if split {
             self.stats.inactive_split.increase(pool, 1);
@@ -258,7 +276,7 @@ impl State {
 
     fn remove_free(&mut self, ptr: usize) {
         let block = &self.blocks[&ptr];
-        let (key, pool, size, split) = ((stream_key(block.stream), block.size, ptr), block.pool, block.size, self.is_split(block));
+        let (key, pool, size, split) = ((stream_key(block.stream), block.size, ptr), block.pool, block.size, block.is_split());
         let removed = self.free[pool as usize].remove(&key);
         debug_assert!(removed, "free block missing from its free list");
         if split {
@@ -303,11 +321,16 @@ impl State {
         let block = self.blocks.get_mut(&ptr).expect("released block exists");
         block.state = BlockState::Free;
         block.uses.clear();
+        let (segment, stream) = (block.segment, block.stream);
+        self.segments.get_mut(&segment).expect("segment exists").last_free = stream.marker();
         self.add_free(ptr);
     }
 
     /// Frees every pending block whose recorded streams have all passed it.
     fn process_pending(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
         let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
             .into_iter()
             .partition(|p| p.markers.iter().all(|(stream, seq)| stream.has_completed(*seq)));
@@ -317,12 +340,27 @@ impl State {
         }
     }
 
-    /// Unmaps every segment that is entirely one free block.
-    fn release_cached_segments(&mut self) {
-        let whole: Vec<usize> = self
-            .segments
+    /// Segments that are entirely one free block.
+    fn cached_segments(&self) -> impl Iterator<Item = (&usize, &Segment)> {
+        self.segments
             .iter()
             .filter(|(base, seg)| self.blocks.get(base).is_some_and(|b| b.state == BlockState::Free && b.size == seg.size))
+    }
+
+    /// The stream points to wait for before the cache can be released:
+    /// those of pending frees, and the last frees of cached segments.
+    fn release_waits(&self) -> Vec<(&'static StreamQueue, u64)> {
+        let pending = self.pending.iter().flat_map(|p| p.markers.iter().copied());
+        let cached = self.cached_segments().map(|(_, seg)| (seg.stream, seg.last_free));
+        pending.chain(cached).filter(|(stream, seq)| !stream.has_completed(*seq)).collect()
+    }
+
+    /// Unmaps every cached segment that no queued kernel can still touch
+    /// (Note [Stream-ordered memory]).
+    fn release_cached_segments(&mut self) {
+        let whole: Vec<usize> = self
+            .cached_segments()
+            .filter(|(_, seg)| seg.stream.has_completed(seg.last_free))
             .map(|(base, _)| *base)
             .collect();
         for base in whole {
@@ -351,10 +389,21 @@ impl State {
 
     fn map_segment(&mut self, size: usize, pool: Pool, stream: &'static StreamQueue) -> Result<usize> {
         let base = memory::map(size)?;
-        self.segments.insert(base, Segment { size, pool });
+        self.segments.insert(base, Segment { size, pool, stream, last_free: 0 });
         self.blocks.insert(
             base,
-            Block { size, requested: 0, segment: base, stream, pool, state: BlockState::Free, prev: None, next: None, uses: Vec::new() },
+            Block {
+                size,
+                requested: 0,
+                segment: base,
+                segment_size: size,
+                stream,
+                pool,
+                state: BlockState::Free,
+                prev: None,
+                next: None,
+                uses: Vec::new(),
+            },
         );
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, size);
@@ -398,18 +447,29 @@ impl DeviceAllocator {
         let remaining = st.blocks[&ptr].size - rounded;
         if should_split(pool, remaining) {
             let rest = ptr + rounded;
-            let (segment, next) = {
+            let (segment, segment_size, next) = {
                 let b = st.blocks.get_mut(&ptr).expect("chosen block exists");
                 b.size = rounded;
                 let next = b.next.replace(rest);
-                (b.segment, next)
+                (b.segment, b.segment_size, next)
             };
             if let Some(next) = next {
                 st.blocks.get_mut(&next).expect("neighbour exists").prev = Some(rest);
             }
             st.blocks.insert(
                 rest,
-                Block { size: remaining, requested: 0, segment, stream, pool, state: BlockState::Free, prev: Some(ptr), next, uses: Vec::new() },
+                Block {
+                    size: remaining,
+                    requested: 0,
+                    segment,
+                    segment_size,
+                    stream,
+                    pool,
+                    state: BlockState::Free,
+                    prev: Some(ptr),
+                    next,
+                    uses: Vec::new(),
+                },
             );
             st.add_free(rest);
         }
@@ -428,22 +488,25 @@ impl DeviceAllocator {
     /// Maps a new segment for a request, releasing cache and waiting for
     /// pending frees first if the limit would be exceeded.
     #[cold]
-    fn grow(&self, st: &mut State, rounded: usize, requested: usize, pool: Pool, stream: &'static StreamQueue) -> std::result::Result<usize, AllocError> {
+    fn grow(
+        &self,
+        st: &mut MutexGuard<'_, State>,
+        rounded: usize,
+        requested: usize,
+        pool: Pool,
+        stream: &'static StreamQueue,
+    ) -> std::result::Result<usize, AllocError> {
         let seg = segment_size(rounded);
         let limit = st.limit.unwrap_or(self.capacity);
         if st.reserved() + seg > limit {
             st.stats.num_alloc_retries += 1;
-            if !st.pending.is_empty() {
+            let waits = st.release_waits();
+            if wait_unlocked(st, waits) {
                 st.stats.num_sync_all_streams += 1;
-                for p in &st.pending {
-                    for (stream, seq) in &p.markers {
-                        let _ = stream.wait_for(*seq, false);
-                    }
-                }
-                st.process_pending();
-                if let Some(ptr) = st.best_fit(pool, stream, rounded) {
-                    return Ok(ptr);
-                }
+            }
+            st.process_pending();
+            if let Some(ptr) = st.best_fit(pool, stream, rounded) {
+                return Ok(ptr);
             }
             st.release_cached_segments();
         }
@@ -533,6 +596,8 @@ impl DeviceAllocator {
     /// Releases every cached segment that holds no live block.
     pub fn empty_cache(&self) {
         let mut st = self.state.lock();
+        let waits = st.release_waits();
+        wait_unlocked(&mut st, waits);
         st.process_pending();
         st.release_cached_segments();
     }
@@ -592,6 +657,22 @@ impl DeviceAllocator {
         let st = self.state.lock();
         st.blocks.get(&ptr).filter(|b| b.state == BlockState::Allocated).map(|b| b.size)
     }
+}
+
+/// Waits until each stream has completed its point in `waits`, with the
+/// allocator unlocked meanwhile (a queued kernel may allocate). Returns
+/// whether there was anything to wait for.
+fn wait_unlocked(st: &mut MutexGuard<'_, State>, waits: Vec<(&'static StreamQueue, u64)>) -> bool {
+    if waits.is_empty() {
+        return false;
+    }
+    MutexGuard::unlocked(st, || {
+        for (stream, seq) in waits {
+            // A failed kernel is reported by the stream's own synchronize.
+            let _ = stream.wait_for(seq, false);
+        }
+    });
+    true
 }
 
 fn human(bytes: usize) -> String {

@@ -87,6 +87,64 @@ fn record_stream_defers_reuse_until_that_stream_passes_the_free() {
     assert_eq!(a.stats().active.all().current, 1);
 }
 
+/// A task that blocks `stream` until the returned sender is dropped.
+fn hold(stream: &'static StreamQueue) -> std::sync::mpsc::Sender<()> {
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    stream
+        .submit(Task::Run(Box::new(move || {
+            let _ = gate.recv();
+            Ok(())
+        })))
+        .unwrap();
+    release
+}
+
+/// Note [Stream-ordered memory]: a block is free for later work on its
+/// stream at once, but its segment is unmapped only after the stream has
+/// passed the free.
+#[test]
+fn segments_are_unmapped_only_after_their_stream_passes_the_free() {
+    let a = allocator();
+    let s = stream();
+    let p = a.malloc(4096, s).ok().unwrap();
+    let release = hold(s);
+    a.free(p).unwrap();
+    assert_eq!(a.malloc(4096, s).ok(), Some(p), "reused for later work on the same stream");
+    a.free(p).unwrap();
+    let reserved_while_queued = thread::scope(|scope| {
+        let emptying = scope.spawn(|| a.empty_cache());
+        thread::sleep(Duration::from_millis(100));
+        let reserved = a.stats().reserved_bytes.all().current;
+        assert!(!emptying.is_finished(), "empty_cache did not wait for the stream");
+        drop(release);
+        emptying.join().unwrap();
+        reserved
+    });
+    assert_eq!(reserved_while_queued as usize, SMALL_SEGMENT);
+    assert_eq!(a.stats().reserved_bytes.all().current, 0);
+}
+
+#[test]
+fn out_of_memory_retry_waits_for_queued_kernels_before_unmapping() {
+    let a = allocator();
+    let s = stream();
+    let first = a.malloc(40 * MIB, s).ok().unwrap();
+    let release = hold(s);
+    a.free(first).unwrap();
+    thread::scope(|scope| {
+        // 40 MiB cached + 50 MiB > 64 MiB: the cached segment must go, and
+        // a queued kernel may still touch it.
+        let growing = scope.spawn(|| a.malloc(50 * MIB, s).ok());
+        thread::sleep(Duration::from_millis(100));
+        assert!(!growing.is_finished(), "unmapped a segment its stream had not passed");
+        // The allocator is not locked meanwhile.
+        assert_eq!(a.stats().reserved_bytes.all().current as usize, 40 * MIB);
+        drop(release);
+        assert!(growing.join().unwrap().is_some());
+    });
+    assert_eq!(a.stats().num_alloc_retries, 1);
+}
+
 #[test]
 fn stats_follow_cuda_arithmetic() {
     let a = allocator();

@@ -30,8 +30,12 @@
 // - Everything the kernel captures by value lives until it has run, and is
 //   destroyed on the worker thread right after. Capture the tensors you touch
 //   by value: their memory then cannot be freed, or reused by another
-//   allocation, before the kernel is done. Read tensor metadata (data_ptr,
-//   sizes) before launch, not inside the kernel: the host thread may change it.
+//   allocation, before the kernel is done. (Device memory is also
+//   stream-ordered, as with CUDA: a freed block is reused only by later work
+//   on the stream that allocated it, so a kernel on that stream may capture
+//   bare data pointers; on any other stream, capture the tensor or call
+//   Tensor.record_stream.) Read tensor metadata (data_ptr, sizes) before
+//   launch, not inside the kernel: the host thread may change it.
 // - The kernel must not queue openreg work or wait for streams (waiting for
 //   its own stream deadlocks); host computation, PyTorch CPU ops included, is
 //   fine. It should not throw: an exception cannot reach the launching thread

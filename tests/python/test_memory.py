@@ -560,6 +560,63 @@ def test_split_blocks_merge_back(exact):
     assert exact["end"] == [0, 0, 0]
 
 
+# ------------------------------------------- stream-ordered memory lifetime
+
+# Note [Stream-ordered memory]: queued kernels do not keep device memory
+# alive; a freed block is reused by later work on its stream at once, and is
+# unmapped only after the stream has passed the free. In a fresh process so
+# the reused block is predictable, and so a kernel touching unmapped memory
+# shows up as a crash of the script, not of the test run.
+STREAM_ORDERED = script(
+    "stream_ordered_memory",
+    """
+    import torch, torch_openreg
+    dev = "openreg:0"
+    n = 300_001  # more elements than an inline kernel takes: these queue
+    stream = torch.openreg.current_stream()
+    x = torch.ones(n, device=dev)
+    torch.openreg.synchronize()
+    R = RESULT
+
+    # A result freed while the kernel writing it is queued: the next
+    # allocation on the stream gets the block; stream order puts its writer
+    # behind the first one.
+    torch.openreg._sleep(300)
+    y = x + 1
+    p = y.data_ptr()
+    del y
+    z = torch.empty(n, device=dev)
+    R["reused_while_queued"] = [z.data_ptr() == p, stream.query()]
+    z.fill_(5)
+    R["values"] = [z.min().item(), z.max().item()]
+
+    # empty_cache while a queued kernel still writes freed memory: it waits
+    # for the kernel instead of unmapping the memory under it.
+    torch.openreg._sleep(300)
+    w = x * 3
+    del w, x, z
+    t0 = time.perf_counter()
+    torch.openreg.empty_cache()
+    R["empty_cache"] = [time.perf_counter() - t0, stream.query(), torch.openreg.memory_reserved(0)]
+    done(RESULT)
+    """,
+)
+
+
+@pytest.mark.subprocess
+def test_freed_memory_is_reused_in_stream_order_while_kernels_are_queued():
+    r = STREAM_ORDERED.result().check_ok()
+    assert r["reused_while_queued"] == [True, False]
+    assert r["values"] == [5.0, 5.0]
+
+
+@pytest.mark.subprocess
+def test_empty_cache_waits_for_queued_kernels_on_freed_memory():
+    r = STREAM_ORDERED.result().check_ok()
+    waited, idle, reserved = r["empty_cache"]
+    assert waited >= 0.2 and idle and reserved == 0, r["empty_cache"]
+
+
 # ------------------------------------------------------------- out of memory
 
 OOM = script(
