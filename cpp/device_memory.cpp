@@ -1,6 +1,8 @@
 // See device_memory.h.
 #include "torch_openreg/cpp/device_memory.h"
 
+#include <array>
+
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/CPUAllocator.h>
@@ -26,6 +28,23 @@ at::Tensor cpu_view(const at::Tensor& t) {
       std::move(alias), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   return at::Tensor(std::move(impl));
+}
+
+at::Tensor scratch_cpu_view(const at::Tensor& t, size_t slot) {
+  thread_local std::array<c10::intrusive_ptr<c10::TensorImpl>, kScratchViews> views;
+  c10::intrusive_ptr<c10::TensorImpl>& impl = views.at(slot);
+  if (!impl || impl.use_count() != 1 || impl->storage().use_count() != 1) {
+    at::Tensor fresh = cpu_view(t);
+    impl = fresh.getIntrusivePtr();
+    return fresh;
+  }
+  const c10::Storage& storage = t.storage();
+  c10::StorageImpl* alias = impl->storage().unsafeGetStorageImpl();
+  alias->set_data_ptr_noswap(c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)));
+  alias->set_nbytes(storage.nbytes());
+  impl->set_storage_and_dtype(impl->storage(), t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return at::Tensor(impl);
 }
 
 at::Tensor kernel_operand(const at::Tensor& t) {

@@ -19,6 +19,15 @@ namespace openreg {
 // caller must carry back to the device (see Note [Fallback]).
 at::Tensor cpu_view(const at::Tensor& t);
 
+// Note [Scratch views]: what cpu_view(t) gives, for a kernel running inline
+// on this thread, without allocating. Each of kScratchViews slots per thread
+// keeps the TensorImpl and StorageImpl of its last view and re-points them
+// at `t`, unless something still holds them (then it makes a fresh view).
+// A slot's view is valid until the next scratch_cpu_view of that slot on
+// this thread. A 1K-element add costs about as much as making three views.
+constexpr size_t kScratchViews = 3;
+at::Tensor scratch_cpu_view(const at::Tensor& t, size_t slot);
+
 // Note [Kernel captures]: a queued kernel captures kernel_operand(t) of each
 // tensor it touches, never t. For a device tensor that is a CPU view of its
 // memory, which does not keep the memory alive: device memory is

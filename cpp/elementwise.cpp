@@ -33,8 +33,9 @@ c10::Device binary_device(const at::Tensor& self, const at::Tensor& other, const
   return on_device.device();
 }
 
-at::Tensor operand(const at::Tensor& t) {
-  return t.is_privateuseone() ? cpu_view(t) : t;
+// An operand of an inline kernel (Note [Scratch views]).
+at::Tensor operand(const at::Tensor& t, size_t slot) {
+  return t.is_privateuseone() ? scratch_cpu_view(t, slot) : t;
 }
 
 // Allocates the broadcast result and queues `compute(out_view, a_view, b_view)`.
@@ -49,8 +50,8 @@ at::Tensor binary(
   c10::DeviceGuard guard(device);
   at::Tensor out = empty_on_current_device(at::infer_size_dimvector(self.sizes(), other.sizes()), dtype);
   if (!run_inline(device.index(), out.numel(), [&] {
-        at::Tensor out_view = cpu_view(out);
-        compute(out_view, operand(self), operand(other));
+        at::Tensor out_view = scratch_cpu_view(out, 0);
+        compute(out_view, operand(self, 1), operand(other, 2));
       })) {
     queue_kernel(
         device.index(),

@@ -357,6 +357,30 @@ def test_non_contiguous_inputs():
         torch.testing.assert_close(f(d).cpu(), f(a))
 
 
+def test_inline_elementwise_ops_over_changing_operands_match_cpu():
+    # Inline kernels reuse their CPU views (Note [Scratch views]): each call
+    # re-points them at other memory, dtypes, shapes, strides and offsets.
+    base = torch.arange(96, dtype=torch.float64).reshape(8, 12)
+    cases = [
+        (base, base),
+        (base.float(), base.float().t().contiguous().t()),
+        (base[1:, 2:], base[:-1, :-2]),
+        (base.int()[::2, ::3], base.int()[1::2, 1::3]),
+        (base[0], torch.tensor(2.5)),
+        (base.half().reshape(2, 48), base.half().reshape(2, 48).flip(1)),
+        (base.bool(), base.bool()),
+        (base[:, :1], base[:1, :]),
+        (torch.empty(0), torch.empty(0)),
+    ]
+    for a, b in cases:
+        da = a.to(DEV)
+        db = b if b.dim() == 0 else b.to(DEV)
+        for op in (torch.add, torch.mul, torch.div):
+            torch.testing.assert_close(op(da, db).cpu(), op(a, b), equal_nan=True)
+        if a.dtype != torch.bool:
+            torch.testing.assert_close((da - db).cpu(), a - b)
+
+
 # ------------------------------------------------------------ stream order
 
 
