@@ -142,6 +142,7 @@ enum BlockState {
 }
 
 struct Block {
+    ptr: usize,
     size: usize,
     requested: usize,
     segment: usize,
@@ -151,8 +152,8 @@ struct Block {
     pool: Pool,
     state: BlockState,
     /// Neighbours within the segment, by address.
-    prev: Option<usize>,
-    next: Option<usize>,
+    prev: Option<BlockId>,
+    next: Option<BlockId>,
     /// Streams other than `stream` that used the block (`record_stream`).
     uses: Vec<&'static StreamQueue>,
 }
@@ -163,10 +164,18 @@ impl Block {
     }
 }
 
+/// A block's index in `State::blocks`. Neighbours and free lists refer to
+/// blocks by id, so the hot paths index a vector instead of hashing
+/// addresses; only `free` (which knows just the address) looks one up.
+type BlockId = u32;
+
 struct Segment {
     size: usize,
     pool: Pool,
     stream: &'static StreamQueue,
+    /// The block at the segment's base: it stays the first block through
+    /// every split and merge.
+    first: BlockId,
     /// The end of `stream` when a block of this segment was last freed: no
     /// queued kernel uses the segment once the stream has completed it
     /// (Note [Stream-ordered memory]).
@@ -174,13 +183,14 @@ struct Segment {
 }
 
 struct PendingFree {
-    ptr: usize,
+    block: BlockId,
     /// `(stream, seq)`: the block is reusable once every stream has completed `seq`.
     markers: Vec<(&'static StreamQueue, u64)>,
 }
 
-/// A free-list key: stream identity, then best fit by size, then address.
-type FreeKey = (usize, usize, usize);
+/// A free-list key: stream identity, then best fit by size, then address;
+/// last the block itself.
+type FreeKey = (usize, usize, usize, BlockId);
 
 fn stream_key(stream: &'static StreamQueue) -> usize {
     stream as *const StreamQueue as usize
@@ -208,11 +218,14 @@ impl Hasher for AddressHasher {
     }
 }
 
-type BlockMap = HashMap<usize, Block, BuildHasherDefault<AddressHasher>>;
-
 #[derive(Default)]
 struct State {
-    blocks: BlockMap,
+    /// Every block of every mapped segment; the ids of blocks merged into a
+    /// neighbour or unmapped wait in `unused_ids` for reuse.
+    blocks: Vec<Block>,
+    unused_ids: Vec<BlockId>,
+    /// Allocated blocks by address.
+    allocated: HashMap<usize, BlockId, BuildHasherDefault<AddressHasher>>,
     free: [BTreeSet<FreeKey>; 2],
     pending: Vec<PendingFree>,
     segments: BTreeMap<usize, Segment>,
@@ -264,9 +277,40 @@ fn should_split(pool: Pool, remaining: usize) -> bool {
 }
 
 impl State {
-    fn add_free(&mut self, ptr: usize) {
-        let block = &self.blocks[&ptr];
-        let (key, pool, size, split) = ((stream_key(block.stream), block.size, ptr), block.pool, block.size, block.is_split());
+    fn block(&self, id: BlockId) -> &Block {
+        &self.blocks[id as usize]
+    }
+
+    fn block_mut(&mut self, id: BlockId) -> &mut Block {
+        &mut self.blocks[id as usize]
+    }
+
+    fn new_block(&mut self, block: Block) -> BlockId {
+        match self.unused_ids.pop() {
+            Some(id) => {
+                self.blocks[id as usize] = block;
+                id
+            }
+            None => {
+                self.blocks.push(block);
+                BlockId::try_from(self.blocks.len() - 1).expect("fewer than 2^32 blocks")
+            }
+        }
+    }
+
+    fn retire_block(&mut self, id: BlockId) {
+        self.unused_ids.push(id);
+    }
+
+    fn free_key(&self, id: BlockId) -> FreeKey {
+        let block = self.block(id);
+        (stream_key(block.stream), block.size, block.ptr, id)
+    }
+
+    fn add_free(&mut self, id: BlockId) {
+        let key = self.free_key(id);
+        let block = self.block(id);
+        let (pool, size, split) = (block.pool, block.size, block.is_split());
         self.free[pool as usize].insert(key);
         if split {
             self.stats.inactive_split.increase(pool, 1);
@@ -274,9 +318,10 @@ impl State {
         }
     }
 
-    fn remove_free(&mut self, ptr: usize) {
-        let block = &self.blocks[&ptr];
-        let (key, pool, size, split) = ((stream_key(block.stream), block.size, ptr), block.pool, block.size, block.is_split());
+    fn remove_free(&mut self, id: BlockId) {
+        let key = self.free_key(id);
+        let block = self.block(id);
+        let (pool, size, split) = (block.pool, block.size, block.is_split());
         let removed = self.free[pool as usize].remove(&key);
         debug_assert!(removed, "free block missing from its free list");
         if split {
@@ -285,45 +330,44 @@ impl State {
         }
     }
 
-    fn is_free(&self, ptr: Option<usize>) -> bool {
-        ptr.is_some_and(|p| self.blocks[&p].state == BlockState::Free)
+    fn free_neighbour(&self, neighbour: Option<BlockId>) -> Option<BlockId> {
+        neighbour.filter(|&n| self.block(n).state == BlockState::Free)
     }
 
     /// Makes a no-longer-used block free, merging it with free neighbours.
-    fn release_block(&mut self, mut ptr: usize) {
-        let (pool, size) = {
-            let b = &self.blocks[&ptr];
-            (b.pool, b.size)
-        };
+    fn release_block(&mut self, mut id: BlockId) {
+        let (pool, size) = (self.block(id).pool, self.block(id).size);
         self.stats.active.decrease(pool, 1);
         self.stats.active_bytes.decrease(pool, size);
-        if let Some(prev) = self.blocks[&ptr].prev.filter(|&p| self.is_free(Some(p))) {
+        if let Some(prev) = self.free_neighbour(self.block(id).prev) {
             self.remove_free(prev);
-            let block = self.blocks.remove(&ptr).expect("released block exists");
-            let merged = self.blocks.get_mut(&prev).expect("neighbour exists");
-            merged.size += block.size;
-            merged.next = block.next;
-            if let Some(next) = block.next {
-                self.blocks.get_mut(&next).expect("neighbour exists").prev = Some(prev);
+            let next = self.block(id).next;
+            let merged = self.block_mut(prev);
+            merged.size += size;
+            merged.next = next;
+            if let Some(next) = next {
+                self.block_mut(next).prev = Some(prev);
             }
-            ptr = prev;
+            self.retire_block(id);
+            id = prev;
         }
-        if let Some(next) = self.blocks[&ptr].next.filter(|&n| self.is_free(Some(n))) {
+        if let Some(next) = self.free_neighbour(self.block(id).next) {
             self.remove_free(next);
-            let absorbed = self.blocks.remove(&next).expect("neighbour exists");
-            let block = self.blocks.get_mut(&ptr).expect("released block exists");
-            block.size += absorbed.size;
-            block.next = absorbed.next;
-            if let Some(after) = absorbed.next {
-                self.blocks.get_mut(&after).expect("neighbour exists").prev = Some(ptr);
+            let (absorbed, after) = (self.block(next).size, self.block(next).next);
+            let block = self.block_mut(id);
+            block.size += absorbed;
+            block.next = after;
+            if let Some(after) = after {
+                self.block_mut(after).prev = Some(id);
             }
+            self.retire_block(next);
         }
-        let block = self.blocks.get_mut(&ptr).expect("released block exists");
+        let block = self.block_mut(id);
         block.state = BlockState::Free;
         block.uses.clear();
         let (segment, stream) = (block.segment, block.stream);
         self.segments.get_mut(&segment).expect("segment exists").last_free = stream.marker();
-        self.add_free(ptr);
+        self.add_free(id);
     }
 
     /// Frees every pending block whose recorded streams have all passed it.
@@ -336,15 +380,16 @@ impl State {
             .partition(|p| p.markers.iter().all(|(stream, seq)| stream.has_completed(*seq)));
         self.pending = waiting;
         for p in ready {
-            self.release_block(p.ptr);
+            self.release_block(p.block);
         }
     }
 
     /// Segments that are entirely one free block.
     fn cached_segments(&self) -> impl Iterator<Item = (&usize, &Segment)> {
-        self.segments
-            .iter()
-            .filter(|(base, seg)| self.blocks.get(base).is_some_and(|b| b.state == BlockState::Free && b.size == seg.size))
+        self.segments.iter().filter(|(_, seg)| {
+            let first = self.block(seg.first);
+            first.state == BlockState::Free && first.size == seg.size
+        })
     }
 
     /// The stream points to wait for before the cache can be released:
@@ -364,9 +409,9 @@ impl State {
             .map(|(base, _)| *base)
             .collect();
         for base in whole {
-            self.remove_free(base);
-            self.blocks.remove(&base);
             let seg = self.segments.remove(&base).expect("segment exists");
+            self.remove_free(seg.first);
+            self.retire_block(seg.first);
             memory::unmap(base, seg.size);
             self.stats.segment.decrease(seg.pool, 1);
             self.stats.reserved_bytes.decrease(seg.pool, seg.size);
@@ -378,38 +423,36 @@ impl State {
         self.stats.reserved_bytes.all().current as usize
     }
 
-    fn best_fit(&self, pool: Pool, stream: &'static StreamQueue, size: usize) -> Option<usize> {
+    fn best_fit(&self, pool: Pool, stream: &'static StreamQueue, size: usize) -> Option<BlockId> {
         let key = stream_key(stream);
         self.free[pool as usize]
-            .range((key, size, 0)..)
+            .range((key, size, 0, 0)..)
             .next()
-            .filter(|(k, _, _)| *k == key)
-            .map(|(_, _, ptr)| *ptr)
+            .filter(|(k, _, _, _)| *k == key)
+            .map(|(_, _, _, id)| *id)
     }
 
-    fn map_segment(&mut self, size: usize, pool: Pool, stream: &'static StreamQueue) -> Result<usize> {
+    fn map_segment(&mut self, size: usize, pool: Pool, stream: &'static StreamQueue) -> Result<BlockId> {
         let base = memory::map(size)?;
-        self.segments.insert(base, Segment { size, pool, stream, last_free: 0 });
-        self.blocks.insert(
-            base,
-            Block {
-                size,
-                requested: 0,
-                segment: base,
-                segment_size: size,
-                stream,
-                pool,
-                state: BlockState::Free,
-                prev: None,
-                next: None,
-                uses: Vec::new(),
-            },
-        );
+        let first = self.new_block(Block {
+            ptr: base,
+            size,
+            requested: 0,
+            segment: base,
+            segment_size: size,
+            stream,
+            pool,
+            state: BlockState::Free,
+            prev: None,
+            next: None,
+            uses: Vec::new(),
+        });
+        self.segments.insert(base, Segment { size, pool, stream, first, last_free: 0 });
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, size);
         self.stats.num_device_alloc += 1;
-        self.add_free(base);
-        Ok(base)
+        self.add_free(first);
+        Ok(first)
     }
 }
 
@@ -438,45 +481,43 @@ impl DeviceAllocator {
         let rounded = round_size(size);
         let pool = pool_of(rounded);
         st.process_pending();
-        let ptr = match st.best_fit(pool, stream, rounded) {
-            Some(ptr) => ptr,
+        let id = match st.best_fit(pool, stream, rounded) {
+            Some(id) => id,
             None => self.grow(&mut st, rounded, size, pool, stream)?,
         };
 
-        st.remove_free(ptr);
-        let remaining = st.blocks[&ptr].size - rounded;
+        st.remove_free(id);
+        let (ptr, remaining) = (st.block(id).ptr, st.block(id).size - rounded);
         if should_split(pool, remaining) {
-            let rest = ptr + rounded;
             let (segment, segment_size, next) = {
-                let b = st.blocks.get_mut(&ptr).expect("chosen block exists");
+                let b = st.block_mut(id);
                 b.size = rounded;
-                let next = b.next.replace(rest);
-                (b.segment, b.segment_size, next)
+                (b.segment, b.segment_size, b.next)
             };
+            let rest = st.new_block(Block {
+                ptr: ptr + rounded,
+                size: remaining,
+                requested: 0,
+                segment,
+                segment_size,
+                stream,
+                pool,
+                state: BlockState::Free,
+                prev: Some(id),
+                next,
+                uses: Vec::new(),
+            });
+            st.block_mut(id).next = Some(rest);
             if let Some(next) = next {
-                st.blocks.get_mut(&next).expect("neighbour exists").prev = Some(rest);
+                st.block_mut(next).prev = Some(rest);
             }
-            st.blocks.insert(
-                rest,
-                Block {
-                    size: remaining,
-                    requested: 0,
-                    segment,
-                    segment_size,
-                    stream,
-                    pool,
-                    state: BlockState::Free,
-                    prev: Some(ptr),
-                    next,
-                    uses: Vec::new(),
-                },
-            );
             st.add_free(rest);
         }
-        let block = st.blocks.get_mut(&ptr).expect("chosen block exists");
+        let block = st.block_mut(id);
         block.state = BlockState::Allocated;
         block.requested = size;
         let got = block.size;
+        st.allocated.insert(ptr, id);
         st.stats.allocation.increase(pool, 1);
         st.stats.allocated_bytes.increase(pool, got);
         st.stats.requested_bytes.increase(pool, size);
@@ -495,7 +536,7 @@ impl DeviceAllocator {
         requested: usize,
         pool: Pool,
         stream: &'static StreamQueue,
-    ) -> std::result::Result<usize, AllocError> {
+    ) -> std::result::Result<BlockId, AllocError> {
         let seg = segment_size(rounded);
         let limit = st.limit.unwrap_or(self.capacity);
         if st.reserved() + seg > limit {
@@ -505,8 +546,8 @@ impl DeviceAllocator {
                 st.stats.num_sync_all_streams += 1;
             }
             st.process_pending();
-            if let Some(ptr) = st.best_fit(pool, stream, rounded) {
-                return Ok(ptr);
+            if let Some(id) = st.best_fit(pool, stream, rounded) {
+                return Ok(id);
             }
             st.release_cached_segments();
         }
@@ -553,10 +594,8 @@ impl DeviceAllocator {
             return Some(Ok(()));
         }
         let mut st = self.state.lock();
-        let block = match st.blocks.get_mut(&ptr) {
-            Some(b) if b.state == BlockState::Allocated => b,
-            _ => return None,
-        };
+        let id = st.allocated.remove(&ptr)?;
+        let block = st.block_mut(id);
         let (pool, size, requested) = (block.pool, block.size, block.requested);
         let markers: Vec<_> = block.uses.iter().map(|s| (*s, s.marker())).filter(|(s, seq)| !s.has_completed(*seq)).collect();
         if markers.is_empty() {
@@ -568,9 +607,9 @@ impl DeviceAllocator {
         st.stats.allocated_bytes.decrease(pool, size);
         st.stats.requested_bytes.decrease(pool, requested);
         if markers.is_empty() {
-            st.release_block(ptr);
+            st.release_block(id);
         } else {
-            st.pending.push(PendingFree { ptr, markers });
+            st.pending.push(PendingFree { block: id, markers });
         }
         Some(Ok(()))
     }
@@ -579,8 +618,9 @@ impl DeviceAllocator {
     /// until `stream` has finished the work queued before the free.
     pub fn record_stream(&self, ptr: usize, stream: &'static StreamQueue) -> Result<()> {
         let mut st = self.state.lock();
-        match st.blocks.get_mut(&ptr) {
-            Some(b) if b.state == BlockState::Allocated => {
+        match st.allocated.get(&ptr).copied() {
+            Some(id) => {
+                let b = st.block_mut(id);
                 if !std::ptr::eq(b.stream, stream) && !b.uses.iter().any(|s| std::ptr::eq(*s, stream)) {
                     b.uses.push(stream);
                 }
@@ -655,7 +695,7 @@ impl DeviceAllocator {
     /// The live allocation starting at `ptr`: its usable size in bytes.
     pub fn allocation_size(&self, ptr: usize) -> Option<usize> {
         let st = self.state.lock();
-        st.blocks.get(&ptr).filter(|b| b.state == BlockState::Allocated).map(|b| b.size)
+        st.allocated.get(&ptr).map(|&id| st.block(id).size)
     }
 }
 

@@ -29,7 +29,7 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -89,6 +89,9 @@ pub struct StreamQueue {
     work_available: Condvar,
     /// Signalled when `completed` moves or the worker exits (waiters wait).
     progress: Condvar,
+    /// `QueueState::submitted`, stored under the lock whenever it settles,
+    /// so `marker` (on every allocator free) reads it without locking.
+    end: AtomicU64,
 }
 
 impl StreamQueue {
@@ -108,6 +111,7 @@ impl StreamQueue {
             }),
             work_available: Condvar::new(),
             progress: Condvar::new(),
+            end: AtomicU64::new(0),
         }
     }
 
@@ -154,6 +158,7 @@ impl StreamQueue {
             } else {
                 self.spawn_worker(&mut st)?;
             }
+            self.end.store(st.submitted, Ordering::Release);
             st.submitted
         };
         if options::get().launch_blocking {
@@ -232,6 +237,7 @@ impl StreamQueue {
             return false;
         }
         st.submitted += 1;
+        self.end.store(st.submitted, Ordering::Release);
         st.inline_running = true;
         true
     }
@@ -281,7 +287,7 @@ impl StreamQueue {
     /// The current end of the stream: it has passed this point once it has
     /// completed this many tasks.
     pub fn marker(&self) -> u64 {
-        self.state.lock().submitted
+        self.end.load(Ordering::Acquire)
     }
 
     /// Whether the first `seq` tasks have completed.
