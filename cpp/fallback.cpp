@@ -181,4 +181,17 @@ void register_fallback(torch::Library& library) {
   library.fallback(torch::CppFunction::makeFromBoxedFunction<&run_on_cpu_views>());
 }
 
+// A structured op without an openreg kernel runs PyTorch's default-backend
+// composite (CompositeExplicitAutogradNonFunctional), which outranks a
+// fallback: its meta function on the device, then the out= variant here.
+// That is right for most ops, but the loss functions' meta functions shrink
+// the output to 0-dim after sizing it, so the out= call resizes it back and
+// warns "An output with one or more elements was resized", which CPU never
+// does. Their functional forms go straight to the fallback instead.
+void register_fallback_kernels(torch::Library& aten) {
+  for (const char* op : {"mse_loss", "smooth_l1_loss"}) {
+    aten.impl(op, torch::CppFunction::makeFromBoxedFunction<&run_on_cpu_views>());
+  }
+}
+
 } // namespace openreg

@@ -22,6 +22,7 @@
 namespace openreg {
 
 void register_fallback(torch::Library& library);
+void register_fallback_kernels(torch::Library& aten);
 void register_convolution(torch::Library& aten);
 void register_elementwise(torch::Library& aten);
 void register_random(torch::Library& aten);
@@ -208,6 +209,7 @@ void register_ops() {
   aten->impl("record_stream", TORCH_FN(record_stream));
   register_convolution(*aten);
   register_elementwise(*aten);
+  register_fallback_kernels(*aten);
   register_random(*aten);
 
   static auto* all = new torch::Library(

@@ -357,6 +357,22 @@ def test_non_contiguous_inputs():
         torch.testing.assert_close(f(d).cpu(), f(a))
 
 
+@pytest.mark.parametrize("loss", [F.mse_loss, F.smooth_l1_loss, F.l1_loss, F.huber_loss])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_losses_match_cpu_without_warnings(loss, reduction):
+    x = torch.randn(8, 4, requires_grad=True)
+    y = torch.randn(8, 4)
+    dx = x.detach().to(DEV).requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = loss(dx, y.to(DEV), reduction=reduction)
+        out.sum().backward()
+    expected = loss(x, y, reduction=reduction)
+    expected.sum().backward()
+    torch.testing.assert_close(out.cpu(), expected)
+    torch.testing.assert_close(dx.grad.cpu(), x.grad)
+
+
 def test_inline_elementwise_ops_over_changing_operands_match_cpu():
     # Inline kernels reuse their CPU views (Note [Scratch views]): each call
     # re-points them at other memory, dtypes, shapes, strides and offsets.
