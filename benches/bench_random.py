@@ -12,7 +12,7 @@ torch.Generator's manual_seed.
 
 import torch
 import torch_openreg  # noqa: F401
-from timing import median_seconds
+from timing import paired_medians
 
 DEV = "openreg:0"
 N = 4_000_000
@@ -23,15 +23,11 @@ def main() -> None:
     rows = []
     for name, make in [("randn", torch.randn), ("rand", torch.rand)]:
         for dtype in (torch.float32, torch.float64):
-            dev = median_seconds(lambda: make(N, device=DEV, dtype=dtype), 5)
-            cpu = median_seconds(lambda: make(N, dtype=dtype), 5)
+            dev, cpu = paired_medians([lambda: make(N, device=DEV, dtype=dtype), lambda: make(N, dtype=dtype)], 5)
             rows.append((f"{name}({N:_}) {str(dtype)[6:]}", dev, cpu))
     gen_cpu = torch.Generator()
-    rows.append((
-        "manual_seed",
-        median_seconds(lambda: torch.openreg.manual_seed(42), 2000),
-        median_seconds(lambda: gen_cpu.manual_seed(42), 2000),
-    ))
+    dev, cpu = paired_medians([lambda: torch.openreg.manual_seed(42), lambda: gen_cpu.manual_seed(42)], 2000)
+    rows.append(("manual_seed", dev, cpu))
     print(f"{'case':<28}{'openreg':>12}{'cpu':>12}{'ratio':>8}")
     for name, dev, cpu in rows:
         print(f"{name:<28}{dev * 1e6:>10.1f}us{cpu * 1e6:>10.1f}us{dev / cpu:>7.2f}x")

@@ -11,7 +11,7 @@ MLP training step ≤ 1.5x.
 
 import torch
 import torch_openreg  # noqa: F401
-from timing import median_seconds
+from timing import paired_medians
 
 DEV = "openreg:0"
 
@@ -19,17 +19,14 @@ DEV = "openreg:0"
 def bench_add(n: int, repeat: int):
     a_cpu, b_cpu = torch.randn(n), torch.randn(n)
     a_dev, b_dev = a_cpu.to(DEV), b_cpu.to(DEV)
-    return median_seconds(lambda: a_dev + b_dev, repeat), median_seconds(lambda: a_cpu + b_cpu, repeat)
+    return paired_medians([lambda: a_dev + b_dev, lambda: a_cpu + b_cpu], repeat)
 
 
 def bench_copies(nbytes: int, repeat: int):
     host = torch.randn(nbytes // 4)
     dev = host.to(DEV)
-    h2d = median_seconds(lambda: dev.copy_(host), repeat)
     out = torch.empty_like(host)
-    d2h = median_seconds(lambda: out.copy_(dev), repeat)
-    clone = median_seconds(lambda: host.clone(), repeat)
-    return h2d, d2h, clone
+    return paired_medians([lambda: dev.copy_(host), lambda: out.copy_(dev), lambda: host.clone()], repeat)
 
 
 def bench_alloc(nbytes: int, repeat: int):
@@ -39,7 +36,7 @@ def bench_alloc(nbytes: int, repeat: int):
     def cpu_alloc():
         torch.empty(nbytes, dtype=torch.uint8)
 
-    return median_seconds(dev_alloc, repeat), median_seconds(cpu_alloc, repeat)
+    return paired_medians([dev_alloc, cpu_alloc], repeat)
 
 
 def bench_mlp_step(repeat: int):
@@ -56,7 +53,7 @@ def bench_mlp_step(repeat: int):
 
         return step
 
-    return median_seconds(setup(DEV), repeat), median_seconds(setup("cpu"), repeat)
+    return paired_medians([setup(DEV), setup("cpu")], repeat)
 
 
 def main() -> None:
