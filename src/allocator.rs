@@ -21,8 +21,9 @@
 //! only later work on the same stream can get the block again. Unmapping is
 //! the exception — no queued kernel may touch a segment after it — so each
 //! segment remembers how far its stream had got when a block of it was last
-//! freed, and is unmapped only once the stream has passed that point
-//! (`release_cached_segments` waits for it, with the lock released).
+//! freed, and is unmapped only once the stream has passed that point:
+//! `empty_cache` and the out-of-memory retry wait for it with the lock
+//! released, and `release_cached_segments` skips a segment short of it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};

@@ -69,7 +69,6 @@ pub enum Task {
 
 struct QueueState {
     tasks: VecDeque<Task>,
-    submitted: u64,
     completed: u64,
     worker_running: bool,
     /// A task runs on a caller's thread (Note [Inline launches]).
@@ -89,9 +88,10 @@ pub struct StreamQueue {
     work_available: Condvar,
     /// Signalled when `completed` moves or the worker exits (waiters wait).
     progress: Condvar,
-    /// `QueueState::submitted`, stored under the lock whenever it settles,
-    /// so `marker` (on every allocator free) reads it without locking.
-    end: AtomicU64,
+    /// Tasks submitted so far (Note [Stream progress]). It moves only under
+    /// `state`'s lock, like `completed`; it is atomic so that `marker` (on
+    /// every allocator free) reads it without locking.
+    submitted: AtomicU64,
 }
 
 impl StreamQueue {
@@ -102,7 +102,6 @@ impl StreamQueue {
             id,
             state: Mutex::new(QueueState {
                 tasks: VecDeque::new(),
-                submitted: 0,
                 completed: 0,
                 worker_running: false,
                 inline_running: false,
@@ -111,7 +110,7 @@ impl StreamQueue {
             }),
             work_available: Condvar::new(),
             progress: Condvar::new(),
-            end: AtomicU64::new(0),
+            submitted: AtomicU64::new(0),
         }
     }
 
@@ -151,15 +150,14 @@ impl StreamQueue {
             if st.shutting_down {
                 return Err(Error::invalid_value(format!("{self} is shut down: the runtime is finalizing")));
             }
-            st.submitted += 1;
             st.tasks.push_back(task);
             if st.worker_running {
                 self.work_available.notify_one();
             } else {
                 self.spawn_worker(&mut st)?;
             }
-            self.end.store(st.submitted, Ordering::Release);
-            st.submitted
+            // The worker cannot take the task before the lock is released.
+            self.count_submission(&st)
         };
         if options::get().launch_blocking {
             self.wait_for(seq, true)?;
@@ -179,7 +177,6 @@ impl StreamQueue {
             }
             Err(e) => {
                 st.tasks.pop_back();
-                st.submitted -= 1;
                 Err(Error::invalid_value(format!("{self}: cannot start its worker thread: {e}")))
             }
         }
@@ -233,11 +230,10 @@ impl StreamQueue {
     /// the stream is busy. A true result must be followed by `end_inline`.
     pub fn try_begin_inline(&self) -> bool {
         let mut st = self.state.lock();
-        if st.completed != st.submitted || st.shutting_down {
+        if st.completed != self.marker() || st.shutting_down {
             return false;
         }
-        st.submitted += 1;
-        self.end.store(st.submitted, Ordering::Release);
+        self.count_submission(&st);
         st.inline_running = true;
         true
     }
@@ -259,13 +255,12 @@ impl StreamQueue {
     /// True when every submitted task has finished running.
     pub fn query(&self) -> bool {
         let st = self.state.lock();
-        st.completed == st.submitted
+        st.completed == self.marker()
     }
 
     /// Waits for everything submitted so far; reports a failed task once.
     pub fn synchronize(&self) -> Result<()> {
-        let target = self.state.lock().submitted;
-        self.wait_for(target, true)
+        self.wait_for(self.marker(), true)
     }
 
     /// Waits until `seq` tasks have completed. With `take_error`, a parked
@@ -287,7 +282,15 @@ impl StreamQueue {
     /// The current end of the stream: it has passed this point once it has
     /// completed this many tasks.
     pub fn marker(&self) -> u64 {
-        self.end.load(Ordering::Acquire)
+        self.submitted.load(Ordering::Acquire)
+    }
+
+    /// One more task submitted; returns its sequence number. The caller
+    /// holds the lock (`_st`), so a plain load and store suffice.
+    fn count_submission(&self, _st: &QueueState) -> u64 {
+        let seq = self.marker() + 1;
+        self.submitted.store(seq, Ordering::Release);
+        seq
     }
 
     /// Whether the first `seq` tasks have completed.
@@ -304,12 +307,12 @@ impl StreamQueue {
     pub(crate) fn mark(&'static self, timestamp: Option<(Arc<Event>, u64)>) -> Result<(u64, Option<Instant>)> {
         let st = self.state.lock();
         match timestamp {
-            Some((event, version)) if st.completed != st.submitted => {
+            Some((event, version)) if st.completed != self.marker() => {
                 drop(st);
                 Ok((self.submit(Task::Timestamp { event, version })?, None))
             }
-            Some(_) => Ok((st.submitted, Some(Instant::now()))),
-            None => Ok((st.submitted, None)),
+            Some(_) => Ok((self.marker(), Some(Instant::now()))),
+            None => Ok((self.marker(), None)),
         }
     }
 
