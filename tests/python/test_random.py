@@ -2,6 +2,7 @@
 ATen's context → hooks → Rust Philox state), the native random kernels,
 reproducibility, statistics and bad input."""
 
+import inspect
 import math
 
 import pytest
@@ -13,19 +14,27 @@ DEV = "openreg:0"
 DEFAULT_SEED = 67280421310721
 N_STAT = 1_000_000
 
-# The same tensors, whatever the process or the number of fill threads.
-_SAMPLE = """
-import torch, torch_openreg, hashlib
-torch.openreg.manual_seed(1234)
-parts = [
-    torch.randn(1_000_003, device="openreg"),
-    torch.rand(300_001, device="openreg", dtype=torch.float64),
-    torch.randint(-50, 50, (200_000,), device="openreg").float(),
-    torch.empty(400_000, device="openreg").exponential_(2.0),
-]
-digest = hashlib.sha256(b"".join(p.cpu().numpy().tobytes() for p in parts)).hexdigest()
-done({"digest": digest, "threads": torch.openreg.options()["OPENREG_RANDOM_THREADS"]["value"]})
-"""
+
+# The same tensors, whatever the process or the number of fill threads: the
+# subprocesses run _sample's own source.
+def _sample() -> str:
+    import hashlib
+
+    torch.openreg.manual_seed(1234)
+    parts = [
+        torch.randn(1_000_003, device="openreg"),
+        torch.rand(300_001, device="openreg", dtype=torch.float64),
+        torch.randint(-50, 50, (200_000,), device="openreg").float(),
+        torch.empty(400_000, device="openreg").exponential_(2.0),
+    ]
+    return hashlib.sha256(b"".join(p.cpu().numpy().tobytes() for p in parts)).hexdigest()
+
+
+_SAMPLE = (
+    "import torch, torch_openreg\n"
+    + inspect.getsource(_sample)
+    + 'done({"digest": _sample(), "threads": torch.openreg.options()["OPENREG_RANDOM_THREADS"]["value"]})\n'
+)
 SAMPLE_SCRIPTS = {
     threads: script(f"random_sample_threads_{threads}", _SAMPLE, env=clean_env(OPENREG_RANDOM_THREADS=str(threads)))
     for threads in ("1", "2", "3")
@@ -45,19 +54,6 @@ result["after_torch_manual_seed"] = [torch_openreg._C._get_default_generator(i).
 done(result)
 """,
 )
-
-
-def _sample() -> bytes:
-    import hashlib
-
-    torch.openreg.manual_seed(1234)
-    parts = [
-        torch.randn(1_000_003, device="openreg"),
-        torch.rand(300_001, device="openreg", dtype=torch.float64),
-        torch.randint(-50, 50, (200_000,), device="openreg").float(),
-        torch.empty(400_000, device="openreg").exponential_(2.0),
-    ]
-    return hashlib.sha256(b"".join(p.cpu().numpy().tobytes() for p in parts)).hexdigest()
 
 
 # ------------------------------------------------------------ generator path
