@@ -64,13 +64,10 @@ struct OpenRegDeviceAllocator final : public c10::DeviceAllocator {
     return &free_device_memory;
   }
 
-  // Storage-to-storage copies (e.g. Storage.clone) wait for the current
-  // stream, then copy with device memory accessible.
+  // Storage-to-storage copies (e.g. Storage.clone) are synchronous: a
+  // kernel on the current stream, which the caller waits for.
   void copy_data(void* dest, const void* src, std::size_t count) const override {
-    c10::DeviceIndex device = ffi::current_device();
-    checked([&] { ffi::synchronize_stream(device, ffi::current_stream(device)); });
-    DeviceAccess access;
-    default_copy_data(dest, src, count);
+    run_in_stream_order(ffi::current_device(), [&] { default_copy_data(dest, src, count); });
   }
 
   bool initialized() override {

@@ -1,8 +1,11 @@
 // Convolutions. ATen routes a backend it does not know to
 // convolution_overrideable / convolution_backward_overrideable instead of
-// the boxed fallback; these run the CPU convolution on zero-copy views, in
-// stream order (see Note [Fallback]), and copy the results to the device.
+// the boxed fallback. Their result shapes follow from the arguments alone,
+// so the results are allocated up front and the CPU convolution runs on
+// zero-copy views as a kernel on the current stream (Note [One door]),
+// writing them in place.
 #include <ATen/ATen.h>
+#include <ATen/native/ConvUtils.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -12,12 +15,22 @@
 namespace openreg {
 namespace {
 
-std::optional<at::Tensor> optional_view(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined() ? std::optional<at::Tensor>(cpu_view(*t)) : std::nullopt;
+// As CUDA: every tensor of the call is on the input's device.
+void check_same_device(const at::Tensor& input, const at::Tensor& t, const char* what, const char* op) {
+  TORCH_CHECK(
+      !t.defined() || t.device() == input.device(),
+      "Expected all tensors to be on the same device, but found at least two devices, ", input.device(), " and ",
+      t.device(), "! (when checking argument for argument ", what, " in method ", op, ")");
 }
 
-at::Tensor defined_to_device(const at::Tensor& host, c10::Device device) {
-  return host.defined() ? copy_to_device(host, device) : host;
+// A new openreg tensor of `sizes` in the memory format CPU's convolution
+// gives for `input`.
+at::Tensor empty_result(const at::Tensor& input, c10::IntArrayRef sizes, const at::Tensor& like_format) {
+  return empty_on_current_device(sizes, input.scalar_type(), like_format.suggest_memory_format());
+}
+
+std::optional<at::Tensor> optional_operand(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? std::optional<at::Tensor>(kernel_operand(*t)) : std::nullopt;
 }
 
 at::Tensor convolution(
@@ -30,13 +43,24 @@ at::Tensor convolution(
     bool transposed,
     c10::IntArrayRef output_padding,
     int64_t groups) {
+  check_same_device(input, weight, "weight", "convolution");
+  check_same_device(input, bias.value_or(at::Tensor()), "bias", "convolution");
+  TORCH_CHECK(input.dim() == weight.dim(), "convolution: input and weight need the same number of dimensions, got ",
+              input.dim(), " and ", weight.dim());
   c10::DeviceGuard guard(input.device());
-  synchronize_current_stream(input.device().index());
-  DeviceAccess access;
-  at::Tensor out = at::convolution(
-      cpu_view(input), cpu_view(weight), optional_view(bias), stride, padding, dilation, transposed,
-      output_padding, groups);
-  return copy_to_device(out, input.device());
+  const std::vector<int64_t> out_sizes = transposed
+      ? at::native::_conv_input_size(input.sizes(), weight.sizes(), padding, output_padding, stride, dilation, groups)
+      : at::native::conv_output_size(input.sizes(), weight.sizes(), padding, stride, dilation);
+  at::Tensor out = empty_result(input, out_sizes, input);
+  queue_kernel(
+      input.device().index(),
+      [out = kernel_operand(out), input = kernel_operand(input), weight = kernel_operand(weight),
+       bias = optional_operand(bias), stride = stride.vec(), padding = padding.vec(), dilation = dilation.vec(),
+       transposed, output_padding = output_padding.vec(), groups] {
+        out.copy_(at::convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups));
+      },
+      launch_mode_for(out.numel()));
+  return out;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
@@ -50,18 +74,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     c10::IntArrayRef output_padding,
     int64_t groups,
     std::array<bool, 3> output_mask) {
+  check_same_device(input, weight, "weight", "convolution_backward");
+  check_same_device(input, grad_output, "grad_output", "convolution_backward");
   c10::DeviceGuard guard(input.device());
-  synchronize_current_stream(input.device().index());
-  DeviceAccess access;
   // The bias has one entry per output channel.
-  std::vector<int64_t> bias_sizes{transposed ? weight.size(1) * groups : weight.size(0)};
-  auto [grad_input, grad_weight, grad_bias] = at::convolution_backward(
-      cpu_view(grad_output), cpu_view(input), cpu_view(weight), bias_sizes, stride, padding, dilation,
-      transposed, output_padding, groups, output_mask);
-  return {
-      defined_to_device(grad_input, input.device()),
-      defined_to_device(grad_weight, input.device()),
-      defined_to_device(grad_bias, input.device())};
+  const int64_t channels = transposed ? weight.size(1) * groups : weight.size(0);
+  at::Tensor grad_input = output_mask[0] ? empty_result(input, input.sizes(), input) : at::Tensor();
+  at::Tensor grad_weight = output_mask[1] ? empty_result(weight, weight.sizes(), weight) : at::Tensor();
+  at::Tensor grad_bias = output_mask[2] ? empty_on_current_device({channels}, weight.scalar_type()) : at::Tensor();
+  queue_kernel(
+      input.device().index(),
+      [grad_input = kernel_operand(grad_input), grad_weight = kernel_operand(grad_weight),
+       grad_bias = kernel_operand(grad_bias), grad_output = kernel_operand(grad_output),
+       input = kernel_operand(input), weight = kernel_operand(weight), channels, stride = stride.vec(),
+       padding = padding.vec(), dilation = dilation.vec(), transposed, output_padding = output_padding.vec(), groups,
+       output_mask] {
+        auto [gi, gw, gb] = at::convolution_backward(
+            grad_output, input, weight, std::vector<int64_t>{channels}, stride, padding, dilation, transposed,
+            output_padding, groups, output_mask);
+        for (auto [dst, src] : {std::pair{grad_input, gi}, std::pair{grad_weight, gw}, std::pair{grad_bias, gb}}) {
+          if (dst.defined()) {
+            dst.copy_(src);
+          }
+        }
+      },
+      launch_mode_for(input.numel()));
+  return {grad_input, grad_weight, grad_bias};
 }
 
 } // namespace

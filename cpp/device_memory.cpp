@@ -2,10 +2,13 @@
 #include "torch_openreg/cpp/device_memory.h"
 
 #include <array>
+#include <cstring>
+#include <memory>
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorImpl.h>
 
 #include "torch_openreg/cpp/backend.h"
@@ -68,9 +71,34 @@ at::Tensor empty_on_current_device(
 }
 
 at::Tensor copy_to_device(const at::Tensor& host, c10::Device device) {
-  at::Tensor copy = at::empty_strided(host.sizes(), host.strides(), host.options().device(device));
-  cpu_view(copy).copy_(host);
+  c10::DeviceGuard guard(device);
+  at::Tensor copy = at::detail::empty_strided_generic(
+      host.sizes(), host.strides(), device_memory_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      host.scalar_type());
+  if (!run_inline(device.index(), host.numel(), [&] { cpu_view(copy).copy_(host); })) {
+    queue_kernel(
+        device.index(),
+        [dst = kernel_operand(copy), src = kernel_operand(host)] { dst.copy_(src); },
+        ffi::LaunchMode::Queue);
+  }
   return copy;
+}
+
+void resize_device_storage(const c10::Storage& storage, size_t new_bytes) {
+  TORCH_CHECK(storage.resizable(), "Trying to resize storage that is not resizable");
+  c10::DeviceGuard guard(storage.device());
+  const size_t keep = std::min(new_bytes, storage.nbytes());
+  // The old memory moves into the kernel that copies from it, so it is
+  // released (for later work on this stream) only once the copy has run.
+  auto old = std::make_shared<c10::DataPtr>(
+      storage.unsafeGetStorageImpl()->set_data_ptr(storage.allocator()->allocate(new_bytes)));
+  storage.unsafeGetStorageImpl()->set_nbytes(new_bytes);
+  if (keep > 0) {
+    launch(
+        storage.device().index(),
+        [old, dst = storage.mutable_data(), keep] { std::memcpy(dst, old->get(), keep); },
+        launch_mode_for(static_cast<int64_t>(keep / sizeof(float))));
+  }
 }
 
 void queue_kernel(c10::DeviceIndex device, std::function<void()> body, ffi::LaunchMode mode) {
@@ -81,10 +109,6 @@ void queue_kernel(c10::DeviceIndex device, std::function<void()> body, ffi::Laun
 
 ffi::LaunchMode launch_mode_for(int64_t numel) {
   return numel <= kInlineKernelElements ? ffi::LaunchMode::InlineIfIdle : ffi::LaunchMode::Queue;
-}
-
-void synchronize_current_stream(c10::DeviceIndex device) {
-  checked([&] { ffi::synchronize_stream(device, ffi::current_stream(device)); });
 }
 
 } // namespace openreg

@@ -2,6 +2,7 @@
 // device memory (zero-copy), and launching work on the current stream.
 #pragma once
 
+#include <exception>
 #include <functional>
 
 #include <ATen/core/Tensor.h>
@@ -47,9 +48,25 @@ at::Tensor empty_on_current_device(
     c10::ScalarType dtype,
     std::optional<c10::MemoryFormat> memory_format = std::nullopt);
 
-// A new openreg tensor on `device` holding a copy of the CPU tensor `host`
-// (same sizes and strides). Device memory must be accessible.
+// Note [One door]: every read or write of device memory is work on a stream
+// (src/stream.rs): a kernel queued with queue_kernel, or run in its place
+// by run_inline when the stream is idle. Nothing here touches device memory
+// from the calling thread outside those two, and nothing waits for a stream
+// unless the caller must see a result on the host (run_in_stream_order).
+// Device memory is stream-ordered (Note [Stream-ordered memory] in
+// src/allocator.rs): a block freed by any thread may be handed out again at
+// once, while a kernel queued earlier on its stream still reads it, so the
+// first write into fresh memory must itself be later stream work.
+
+// A new openreg tensor on `device` (same sizes and strides as the CPU tensor
+// `host`) whose contents are copied from `host` by a kernel on the current
+// stream of `device`; `host` is kept alive until then.
 at::Tensor copy_to_device(const at::Tensor& host, c10::Device device);
+
+// Gives `storage` (openreg memory) `new_bytes` of fresh memory on its device;
+// the old bytes that fit are copied, and the old memory released, by a
+// kernel on the current stream of that device.
+void resize_device_storage(const c10::Storage& storage, size_t new_bytes);
 
 // Device memory is accessible to host code while this lives (Note [Memory
 // protection] in src/memory.rs). Free unless OPENREG_MEMORY_PROTECT=1.
@@ -108,7 +125,30 @@ void launch(c10::DeviceIndex device, Body&& body, ffi::LaunchMode mode) {
 }
 
 
-// Waits for everything queued on the current stream of `device`.
-void synchronize_current_stream(c10::DeviceIndex device);
+// Runs `body` as the next work of the current stream of `device` and
+// returns once it has run: right here when the stream is idle, else on the
+// stream's worker after the work queued before it while the caller waits (a
+// synchronization the caller needs, e.g. to read a value on the host). An
+// exception `body` throws reaches the caller as thrown.
+template <typename Body>
+void run_in_stream_order(c10::DeviceIndex device, Body&& body) {
+  if (run_inline(device, 0, body)) {
+    return;
+  }
+  std::exception_ptr failure;
+  queue_kernel(
+      device,
+      [&body, &failure] {
+        try {
+          body();
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      },
+      ffi::LaunchMode::Wait);
+  if (failure) {
+    std::rethrow_exception(failure);
+  }
+}
 
 } // namespace openreg

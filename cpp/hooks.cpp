@@ -90,17 +90,7 @@ struct OpenRegHooks final : public at::PrivateUse1HooksInterface {
     TORCH_CHECK(
         static_cast<int64_t>(new_bytes) >= 0,
         "resize_: the new size of an openreg storage must be non-negative, got ", static_cast<int64_t>(new_bytes));
-    c10::DeviceIndex device = storage.device().index();
-    c10::DeviceGuard guard(storage.device());
-    synchronize_current_stream(device);
-    at::DataPtr fresh = storage.allocator()->allocate(new_bytes);
-    size_t keep = std::min(new_bytes, storage.nbytes());
-    if (keep > 0) {
-      DeviceAccess access;
-      std::memcpy(fresh.get(), storage.data(), keep);
-    }
-    storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(fresh));
-    storage.unsafeGetStorageImpl()->set_nbytes(new_bytes);
+    resize_device_storage(storage, new_bytes);
   }
 };
 

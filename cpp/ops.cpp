@@ -90,14 +90,21 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::Int
   return at::native::_reshape_alias(self, size, stride);
 }
 
-// Growing the storage copies the old bytes: wait for queued work first.
+// Growing the storage copies the old bytes in stream order (Note [One
+// door]); the metadata change itself is host-side.
 const at::Tensor& resize_(
     const at::Tensor& self,
     c10::IntArrayRef size,
     std::optional<c10::MemoryFormat> memory_format) {
-  c10::DeviceGuard guard(self.device());
-  synchronize_current_stream(self.device().index());
-  DeviceAccess access;
+  TORCH_CHECK(
+      std::all_of(size.begin(), size.end(), [](int64_t s) { return s >= 0; }),
+      "Trying to create tensor with negative dimension: ", size);
+  if (self.has_storage()) {
+    const size_t needed = at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(), self.storage_offset());
+    if (needed > self.storage().nbytes()) {
+      resize_device_storage(self.storage(), needed);
+    }
+  }
   return at::native::resize_(self, size, memory_format);
 }
 
@@ -117,20 +124,25 @@ at::Tensor& set_source_storage_offset(
     c10::IntArrayRef stride) {
   TORCH_CHECK(
       source.device().is_privateuseone(), "set_: expected openreg storage, got storage on ", source.device());
-  // A geometry beyond the storage grows it, copying the old bytes: in stream
-  // order, with device memory accessible.
-  c10::DeviceGuard guard(source.device());
-  synchronize_current_stream(source.device().index());
-  DeviceAccess access;
+  // A geometry beyond the storage grows it, copying the old bytes in
+  // stream order (Note [One door]).
+  // (A negative offset or size is reported by set_storage_cpu_ below.)
+  if (storage_offset >= 0 && size.size() == stride.size() &&
+      std::all_of(size.begin(), size.end(), [](int64_t s) { return s >= 0; })) {
+    const size_t needed = at::detail::computeStorageNbytes(size, stride, self.dtype().itemsize(), storage_offset);
+    if (needed > source.nbytes()) {
+      resize_device_storage(source, needed);
+    }
+  }
   return at::native::set_storage_cpu_(self, std::move(source), storage_offset, size, stride);
 }
 
-// .item(): waits for the stream, then reads the value.
+// .item(): reads the value in stream order, the host waiting for it.
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   c10::DeviceGuard guard(self.device());
-  synchronize_current_stream(self.device().index());
-  DeviceAccess access;
-  return at::native::_local_scalar_dense_cpu(cpu_view(self));
+  at::Scalar value;
+  run_in_stream_order(self.device().index(), [&] { value = at::native::_local_scalar_dense_cpu(cpu_view(self)); });
+  return value;
 }
 
 at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
@@ -149,9 +161,10 @@ at::Tensor& zero(at::Tensor& self) {
 // Note [Copies]: a copy runs on the current stream of the openreg device
 // involved (the source's, for openreg→openreg across devices, after the
 // destination device's current stream has reached this point; the
-// destination's current stream then waits for it). It is asynchronous when
-// non_blocking and the host side, if any, is pinned — otherwise the call
-// waits for it, as CUDA does.
+// destination's current stream then waits for it). A device-to-device copy
+// is always asynchronous; a copy to or from the host is asynchronous when
+// non_blocking and the host side is pinned, otherwise the call waits for
+// it, as CUDA does.
 at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(src.defined() && dst.defined(), "copy_: undefined tensor");
   const bool src_on_device = src.is_privateuseone();
@@ -159,8 +172,8 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   const c10::DeviceIndex device = src_on_device ? src.device().index() : dst.device().index();
   const bool cross_device = src_on_device && dst_on_device && src.device() != dst.device();
   const at::Tensor& host = src_on_device ? dst : src;
-  const bool asynchronous =
-      non_blocking && ((src_on_device && dst_on_device) || ffi::is_pinned(reinterpret_cast<uintptr_t>(host.data_ptr())));
+  const bool asynchronous = (src_on_device && dst_on_device) ||
+      (non_blocking && ffi::is_pinned(reinterpret_cast<uintptr_t>(host.data_ptr())));
 
   c10::DeviceGuard guard(c10::Device(c10::kPrivateUse1, device));
   if (cross_device) {

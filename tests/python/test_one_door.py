@@ -1,0 +1,132 @@
+"""One door for device work (Note [One door] in cpp/device_memory.h): every
+read or write of device memory is a task on a stream, so memory that another
+thread freed while its queued kernel still reads it is never overwritten
+early, and the host does not wait for work it did not ask to wait for."""
+
+import threading
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from _openreg_util import run_threads
+
+THREADS = 8
+DURATION_S = 3.0
+
+
+def test_threads_sharing_the_default_stream_get_exact_results():
+    """Several threads on the default stream, each queuing native and
+    fallback ops and dropping temporaries right after queuing them: a block
+    freed by one thread is reused by another only in stream order."""
+    n = 4096
+    expected_native = torch.arange(n, dtype=torch.float32) * 3
+    expected_fallback = torch.sin(torch.arange(n, dtype=torch.float32)).abs() + 1
+    expected_matmul = torch.full((64, 64), 64.0)
+    wrong = []
+    checks = [0] * THREADS
+    stop_at = time.monotonic() + DURATION_S
+
+    def worker(tid):
+        def body():
+            ones = torch.ones(64, 64, device="openreg")
+            while time.monotonic() < stop_at:
+                # Native kernels; the temporaries die as soon as the product is queued.
+                t = torch.arange(n, dtype=torch.float32, device="openreg")
+                native = t * 3
+                del t
+                # Fallback ops (sin, abs, matmul), fresh outputs of each.
+                fallback = torch.sin(torch.arange(n, dtype=torch.float32, device="openreg")).abs() + 1
+                product = ones @ ones
+                # A long queued chain whose inputs are freed at once.
+                for _ in range(3):
+                    scratch = torch.full((n,), 7.0, device="openreg") * 2
+                    del scratch
+                for got, want, what in (
+                    (native.cpu(), expected_native, "native"),
+                    (fallback.cpu(), expected_fallback, "fallback"),
+                    (product.cpu(), expected_matmul, "matmul"),
+                ):
+                    checks[tid] += 1
+                    if not torch.equal(got, want):
+                        bad = (got != want).nonzero()[0].item()
+                        wrong.append(f"{what}[{bad}] = {got.flatten()[bad].item()}, want {want.flatten()[bad].item()}")
+
+        return body
+
+    assert run_threads([worker(tid) for tid in range(THREADS)]) == []
+    assert sum(checks) > 100
+    assert wrong == [], f"{len(wrong)} wrong of {sum(checks)}: {wrong[:5]}"
+
+
+def _queue_long_work(ms=50):
+    torch.openreg._sleep(ms)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        pytest.param(lambda x: torch.sin(x), id="sin"),
+        pytest.param(lambda x: torch.cumsum(x, 0), id="cumsum"),
+        pytest.param(lambda x: x.sort().values, id="sort"),
+        pytest.param(lambda x: F.softmax(x, 0), id="softmax"),
+        pytest.param(lambda x: x @ x, id="dot"),
+        pytest.param(lambda x: x.clone(), id="clone"),
+        pytest.param(lambda x: x.to("openreg:1"), id="copy-to-other-device"),
+        pytest.param(lambda x: torch.empty_like(x).copy_(x), id="copy_"),
+        pytest.param(lambda x: x.resize_(2 * x.numel()), id="resize_-grow"),
+        pytest.param(lambda x: F.conv1d(x.view(1, 1, -1), x[:3].view(1, 1, 3)), id="conv1d"),
+    ],
+)
+def test_the_host_does_not_wait_for_queued_work(op):
+    """An op queued behind 50 ms of work returns at once, as on CUDA; the
+    value it computes is the one stream order gives."""
+    x = torch.arange(1000, dtype=torch.float32, device="openreg")
+    expected = op(x.cpu().clone()).cpu()
+    torch.openreg.synchronize()
+    _queue_long_work(50)
+    start = time.perf_counter()
+    got = op(x)
+    elapsed = time.perf_counter() - start
+    done_early = torch.openreg.current_stream().query()
+    assert elapsed < 0.025, f"the host waited {elapsed * 1e3:.1f} ms"
+    assert not done_early
+    if got.numel() == 2000:  # resize_: the new elements are uninitialized
+        torch.testing.assert_close(got.cpu()[:1000], torch.arange(1000, dtype=torch.float32))
+    else:
+        torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_data_dependent_shapes_synchronize_and_are_right():
+    """nonzero and masked_select need the data to know their shape: they wait
+    for the stream, as on CUDA, and see the queued writes."""
+    x = torch.zeros(100, device="openreg")
+    _queue_long_work(20)
+    x[::7] = 1
+    assert torch.nonzero(x).flatten().tolist() == list(range(0, 100, 7))
+    assert torch.masked_select(x, x > 0).numel() == len(range(0, 100, 7))
+
+
+def test_fallback_op_reading_a_freed_tensor_in_stream_order():
+    """A fallback op's input dropped right after queuing, its block reused at
+    once by a fresh output: the op still reads the old values."""
+    _queue_long_work(30)
+    a = torch.full((1 << 16,), 2.0, device="openreg")
+    b = torch.exp(a)
+    del a
+    c = torch.full((1 << 16,), 5.0, device="openreg")
+    torch.testing.assert_close(b.cpu(), torch.full((1 << 16,), 2.0).exp())
+    torch.testing.assert_close(c.cpu(), torch.full((1 << 16,), 5.0))
+
+
+def test_fallback_views_keep_their_dtype_and_geometry():
+    z = torch.randn(4, 3, dtype=torch.complex64)
+    zd = z.to("openreg")
+    _queue_long_work(10)
+    real = torch.view_as_real(zd)
+    assert real.dtype == torch.float32 and real.shape == (4, 3, 2)
+    torch.testing.assert_close(real.cpu(), torch.view_as_real(z))
+    back = torch.view_as_complex(real)
+    assert back.dtype == torch.complex64
+    torch.testing.assert_close(back.cpu(), z)
