@@ -12,24 +12,33 @@ torch.Generator's manual_seed.
 
 import torch
 import torch_openreg  # noqa: F401
-from timing import paired_medians
+from timing import cpu_then_device
 
-DEV = "openreg:0"
 N = 4_000_000
+
+
+def fill_case(fill, dtype):
+    return lambda device: lambda: fill(N, device=device, dtype=dtype)
+
+
+def seed_case(device):
+    if device == "cpu":
+        gen = torch.Generator()
+        return lambda: gen.manual_seed(42)
+    return lambda: torch.openreg.manual_seed(42)
 
 
 def main() -> None:
     print(f"threads: torch {torch.get_num_threads()}, openreg options {torch.openreg.options()['OPENREG_RANDOM_THREADS']['value']} (0: all cores)")
-    rows = []
-    for name, make in [("randn", torch.randn), ("rand", torch.rand)]:
+    names, cases = [], []
+    for name, fill in [("randn", torch.randn), ("rand", torch.rand)]:
         for dtype in (torch.float32, torch.float64):
-            dev, cpu = paired_medians([lambda: make(N, device=DEV, dtype=dtype), lambda: make(N, dtype=dtype)], 5)
-            rows.append((f"{name}({N:_}) {str(dtype)[6:]}", dev, cpu))
-    gen_cpu = torch.Generator()
-    dev, cpu = paired_medians([lambda: torch.openreg.manual_seed(42), lambda: gen_cpu.manual_seed(42)], 2000)
-    rows.append(("manual_seed", dev, cpu))
+            names.append(f"{name}({N:_}) {str(dtype)[6:]}")
+            cases.append((fill_case(fill, dtype), 5))
+    names.append("manual_seed")
+    cases.append((seed_case, 2000))
     print(f"{'case':<28}{'openreg':>12}{'cpu':>12}{'ratio':>8}")
-    for name, dev, cpu in rows:
+    for name, (cpu, dev) in zip(names, cpu_then_device(cases)):
         print(f"{name:<28}{dev * 1e6:>10.1f}us{cpu * 1e6:>10.1f}us{dev / cpu:>7.2f}x")
 
 

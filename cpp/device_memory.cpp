@@ -1,11 +1,15 @@
 // See device_memory.h.
 #include "torch_openreg/cpp/device_memory.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <array>
 #include <cstring>
 #include <memory>
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
@@ -14,6 +18,13 @@
 #include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/checked.h"
 #include "torch_openreg/src/ffi.rs.h"
+
+// The OpenMP runtime PyTorch loaded (libtorch_cpu needs it), reached without
+// linking one of our own: a second runtime would have separate settings.
+extern "C" {
+__attribute__((weak)) int omp_get_max_threads();
+__attribute__((weak)) void omp_set_num_threads(int);
+}
 
 namespace openreg {
 
@@ -101,6 +112,37 @@ void resize_device_storage(const c10::Storage& storage, size_t new_bytes) {
   }
 }
 
+namespace {
+
+bool on_main_thread() {
+  static const pid_t main_thread = getpid();
+  thread_local const bool is_main = static_cast<pid_t>(syscall(SYS_gettid)) == main_thread;
+  return is_main;
+}
+
+} // namespace
+
+KernelThreads::KernelThreads() {
+  if (on_main_thread() || omp_get_max_threads == nullptr || omp_set_num_threads == nullptr) {
+    return;
+  }
+  // The first parallel call on a thread sets its team size from ATen's
+  // setting: let that happen before the override, not after it.
+  at::get_num_threads();
+  saved_ = omp_get_max_threads();
+  if (saved_ > 1) {
+    omp_set_num_threads(1);
+  } else {
+    saved_ = 0;
+  }
+}
+
+KernelThreads::~KernelThreads() {
+  if (saved_ > 0) {
+    omp_set_num_threads(saved_);
+  }
+}
+
 void queue_kernel(c10::DeviceIndex device, std::function<void()> body, ffi::LaunchMode mode) {
   auto kernel = std::make_unique<ffi::Kernel>();
   kernel->body = std::move(body);
@@ -116,6 +158,7 @@ ffi::LaunchMode launch_mode_for(int64_t numel) {
 namespace openreg::ffi {
 
 void run_kernel(Kernel& kernel) {
+  KernelThreads threads;
   kernel.body();
 }
 

@@ -82,6 +82,26 @@ class DeviceAccess {
   DeviceAccess& operator=(const DeviceAccess&) = delete;
 };
 
+// Note [Kernel threads]: PyTorch's CPU kernels parallelize with OpenMP, and
+// OpenMP gives every thread that opens a parallel region a team of its own.
+// A second team on this machine's cores makes libgomp throttle its spinning
+// for good, and every parallel region of the user's own CPU work then pays
+// futex wake-ups (CPU matmuls ran 2-3x slower for the rest of the process
+// after one backward pass on openreg). So a kernel parallelizes only on the
+// process's main thread; on any other thread (stream workers, autograd's
+// device threads, the user's threads) it runs with a team of one, and the
+// thread's own setting is restored afterwards.
+class KernelThreads {
+ public:
+  KernelThreads();
+  ~KernelThreads();
+  KernelThreads(const KernelThreads&) = delete;
+  KernelThreads& operator=(const KernelThreads&) = delete;
+
+ private:
+  int saved_ = 0; // 0: nothing to restore
+};
+
 // Queues `body` as a kernel on the current stream of `device` (see
 // ffi::LaunchMode). A failure of a queued kernel is reported by the stream's
 // next synchronize; otherwise rethrown.
@@ -109,6 +129,7 @@ bool run_inline(c10::DeviceIndex device, int64_t numel, Body&& body) {
     }
   } end_inline{device};
   DeviceAccess access;
+  KernelThreads threads;
   body();
   return true;
 }

@@ -3,16 +3,17 @@
 // current stream of its device (Note [One door] in device_memory.h).
 //
 // Note [Fallback]: a call takes one of three routes.
-//  1. Inline: the stream is idle, so the CPU kernel runs right here as the
-//     stream's next work (Note [Inline launches] in src/stream.rs).
-//  2. Queued: the stream is busy and the op has a Meta kernel. The Meta
+//  1. Inline: the stream is idle and the operands are small, so the CPU
+//     kernel runs right here as the stream's next work (Note [Inline
+//     launches] in src/stream.rs).
+//  2. Queued: otherwise, if the op has a Meta kernel. The Meta
 //     kernel, run on meta stand-ins of the arguments, tells what the results
 //     are: fresh tensors (sizes, strides, dtype), views of an argument, or
 //     the (possibly resized) out= argument itself. Fresh results and grown
 //     out= storage are allocated now, in stream order; a kernel that runs
 //     the CPU kernel on views and copies fresh results into place is queued,
 //     and the call returns at once.
-//  3. Waited: the stream is busy and the results cannot be known without
+//  3. Waited: otherwise, when the results cannot be known without
 //     running the op (no Meta kernel; a data-dependent shape, as nonzero's;
 //     a non-tensor result; a generator argument, whose state must advance
 //     at the call). The CPU kernel runs as the stream's next work and the
@@ -113,6 +114,19 @@ class Call {
           *device_, " and cpu! (when checking arguments for ", op.operator_name(), ")");
     }
     return device_.value_or(c10::Device(c10::kPrivateUse1, ffi::current_device()));
+  }
+
+  // The most elements of any openreg tensor argument: a measure of the
+  // op's work, for the choice to run it inline (kInlineKernelElements).
+  int64_t largest_operand() {
+    int64_t largest = 0;
+    for (size_t i = first_arg; i < stack.size(); ++i) {
+      map_tensors(stack[i], [&](const at::Tensor& t) {
+        largest = std::max(largest, t.is_privateuseone() ? t.numel() : 0);
+        return t;
+      });
+    }
+    return largest;
   }
 
   // Routes 1 and 3: the arguments become CPU views (openreg devices become
@@ -427,7 +441,7 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Call call(op, stack);
   const c10::Device device = call.check_devices();
   c10::DeviceGuard guard(device);
-  if (run_inline(device.index(), 0, [&] { call.run_cpu_kernel_on_views(); })) {
+  if (run_inline(device.index(), call.largest_operand(), [&] { call.run_cpu_kernel_on_views(); })) {
     call.results_to_device(device);
   } else if (!queue_with_meta_results(call, device)) {
     run_in_stream_order(device.index(), [&] { call.run_cpu_kernel_on_views(); });
