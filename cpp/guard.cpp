@@ -105,7 +105,8 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
         checked([&] { return ffi::stream_native_handle(stream.device_index(), stream.id()); }));
   }
 
-  // REQUIRED to not raise.
+  // REQUIRED to not raise: an invalid handle (destroyed twice, garbage) is
+  // ignored with a warning (Note [Event handles] in src/event.rs).
   void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
     ffi::destroy_event(event_handle(event));
   }
@@ -131,6 +132,8 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     *event = reinterpret_cast<void*>(handle);
   }
 
+  // The stream may belong to another device than the event, as with
+  // cudaStreamWaitEvent; recording needs a stream of the event's device.
   void block(void* event, const c10::Stream& stream) const override {
     check_stream_type(stream, "block");
     checked([&] { ffi::block_event(event_handle(event), stream.device_index(), stream.id()); });
