@@ -148,16 +148,18 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return ffi::device_count();
   }
 
-  // All dtypes but the quantized ones, which have no openreg kernels.
+  // Exactly the dtypes that work here: the runtime's set of ScalarType codes
+  // (device::SUPPORTED_SCALAR_TYPES in src/device.rs), one bit field each.
   c10::DeviceCapability getDeviceCapability(c10::Device device) const override {
     check_device_type(device, "getDeviceCapability");
     auto index = index_of(device);
+    const uint64_t supported = checked([&] { return ffi::device_supported_scalar_types(index); });
     c10::DeviceCapability capability;
-    if (!checked([&] { return ffi::device_supports_quantized(index); })) {
-      auto& types = capability.capability_data.supported_scalar_types;
-      types.has_QInt8 = types.has_QUInt8 = types.has_QInt32 = 0;
-      types.has_QUInt4x2 = types.has_QUInt2x4 = 0;
-    }
+    auto& types = capability.capability_data.supported_scalar_types;
+#define OPENREG_SET_SUPPORTED(_, name) \
+  types.has_##name = (supported >> static_cast<int>(c10::ScalarType::name)) & 1;
+    AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS(OPENREG_SET_SUPPORTED)
+#undef OPENREG_SET_SUPPORTED
     return capability;
   }
 

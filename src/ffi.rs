@@ -127,7 +127,7 @@ mod bridge {
         fn init() -> Result<()>;
         fn is_initialized() -> bool;
         fn synchronize_device(index: i8) -> Result<()>;
-        fn device_supports_quantized(index: i8) -> Result<bool>;
+        fn device_supported_scalar_types(index: i8) -> Result<u64>;
 
         // Streams.
         fn current_stream(device: i8) -> Result<i64>;
@@ -296,8 +296,10 @@ fn synchronize_device(index: i8) -> Result<()> {
     device::synchronize_device(device::resolve(index.into()))
 }
 
-fn device_supports_quantized(index: i8) -> Result<bool> {
-    Ok(device::properties(device::resolve(index.into()))?.supports_quantized)
+/// Bit `n` set: `c10::ScalarType` code `n` is supported (see
+/// `device::SUPPORTED_SCALAR_TYPES`).
+fn device_supported_scalar_types(index: i8) -> Result<u64> {
+    Ok(device::properties(device::resolve(index.into()))?.supported_scalar_types)
 }
 
 fn current_stream(device: i8) -> Result<i64> {

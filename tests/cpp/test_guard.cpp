@@ -303,8 +303,10 @@ void test_device_capability() {
   for (const c10::Device& device : {kDev0, kDev1, c10::Device(kOpenReg)}) {
     const auto types = impl().getDeviceCapability(device).capability_data.supported_scalar_types;
     CHECK(types.has_Float && types.has_Half && types.has_BFloat16 && types.has_Long && types.has_Bool);
-    // No quantized kernels exist here, and the capability says so.
+    // No quantized kernels exist here, and the capability says so; nor can
+    // bit-packed or sub-byte dtypes be converted (tests/python/test_dtypes.py).
     CHECK(!types.has_QInt8 && !types.has_QUInt8 && !types.has_QInt32);
+    CHECK(!types.has_Bits8 && !types.has_Int4 && !types.has_UInt4 && !types.has_Float4_e2m1fn_x2);
   }
 }
 
