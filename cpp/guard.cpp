@@ -105,7 +105,8 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
         checked([&] { return ffi::stream_native_handle(stream.device_index(), stream.id()); }));
   }
 
-  // REQUIRED to not raise.
+  // REQUIRED to not raise: an invalid handle (destroyed twice, garbage) is
+  // ignored with a warning (Note [Event handles] in src/event.rs).
   void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
     ffi::destroy_event(event_handle(event));
   }
@@ -131,6 +132,8 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     *event = reinterpret_cast<void*>(handle);
   }
 
+  // The stream may belong to another device than the event, as with
+  // cudaStreamWaitEvent; recording needs a stream of the event's device.
   void block(void* event, const c10::Stream& stream) const override {
     check_stream_type(stream, "block");
     checked([&] { ffi::block_event(event_handle(event), stream.device_index(), stream.id()); });
@@ -145,16 +148,18 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return ffi::device_count();
   }
 
-  // All dtypes but the quantized ones, which have no openreg kernels.
+  // Exactly the dtypes that work here: the runtime's set of ScalarType codes
+  // (device::SUPPORTED_SCALAR_TYPES in src/device.rs), one bit field each.
   c10::DeviceCapability getDeviceCapability(c10::Device device) const override {
     check_device_type(device, "getDeviceCapability");
     auto index = index_of(device);
+    const uint64_t supported = checked([&] { return ffi::device_supported_scalar_types(index); });
     c10::DeviceCapability capability;
-    if (!checked([&] { return ffi::device_supports_quantized(index); })) {
-      auto& types = capability.capability_data.supported_scalar_types;
-      types.has_QInt8 = types.has_QUInt8 = types.has_QInt32 = 0;
-      types.has_QUInt4x2 = types.has_QUInt2x4 = 0;
-    }
+    auto& types = capability.capability_data.supported_scalar_types;
+#define OPENREG_SET_SUPPORTED(_, name) \
+  types.has_##name = (supported >> static_cast<int>(c10::ScalarType::name)) & 1;
+    AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS(OPENREG_SET_SUPPORTED)
+#undef OPENREG_SET_SUPPORTED
     return capability;
   }
 

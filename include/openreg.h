@@ -6,7 +6,10 @@
  * Every call returns an orError_t; on failure, orGetLastErrorMessage()
  * returns this thread's detailed message (naming the device, stream or
  * event at fault). Handles are owned by the runtime: streams live for the
- * whole process; events live until orEventDestroy.
+ * whole process; events live until orEventDestroy. Handles are checked: a
+ * null, garbage or destroyed handle (a second orEventDestroy, a use after
+ * destroy) returns orErrorInvalidHandle and changes nothing. An event
+ * handle is an opaque value, not a pointer.
  */
 #ifndef OPENREG_H
 #define OPENREG_H
@@ -77,10 +80,15 @@ int orStreamGetId(orStream_t stream, int* device, int64_t* id);
 int orStreamGetPriority(orStream_t stream, int* priority);
 int orStreamQuery(orStream_t stream); /* orSuccess or orErrorNotReady */
 int orStreamSynchronize(orStream_t stream);
+/* Work queued on `stream` later waits until the event's recorded point has
+ * completed. The stream may belong to another device than the event (as
+ * with cudaStreamWaitEvent); a never-recorded event makes it wait for nothing. */
 int orStreamWaitEvent(orStream_t stream, orEvent_t event);
 int orLaunchHostFunc(orStream_t stream, orHostFn_t fn, void* user_data);
 
-/* Events, created on the current device. */
+/* Events, created on the current device; recorded only on streams of that
+ * device (orErrorInvalidValue otherwise, as cudaEventRecord), waited on by
+ * streams of any device (orStreamWaitEvent). */
 int orEventCreate(orEvent_t* event, unsigned int flags);
 int orEventRecord(orEvent_t event, orStream_t stream);
 int orEventQuery(orEvent_t event); /* orSuccess or orErrorNotReady */

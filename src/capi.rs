@@ -56,9 +56,10 @@ fn stream_arg(s: *const c_void) -> Result<&'static StreamQueue> {
     unsafe { StreamQueue::from_handle(s.cast()) }
 }
 
+/// The event behind a handle from `orEventCreate`; a destroyed, garbage or
+/// null handle is `orErrorInvalidHandle` (Note [Event handles]).
 fn event_arg(e: *const c_void) -> Result<Arc<Event>> {
-    // SAFETY: handles come from orEventCreate and live until orEventDestroy.
-    unsafe { handle::get(e.cast()) }
+    handle::get(e as usize)
 }
 
 fn stream_handle(s: &'static StreamQueue) -> *mut c_void {
@@ -252,6 +253,8 @@ pub extern "C" fn orLaunchHostFunc(stream: *const c_void, func: Option<HostFn>, 
     })
 }
 
+/// Later work on `stream` waits for the event's recorded point; the stream
+/// may belong to another device than the event (as `cudaStreamWaitEvent`).
 #[no_mangle]
 pub extern "C" fn orStreamWaitEvent(stream: *const c_void, event: *const c_void) -> OrError {
     guarded(|| event_arg(event)?.block(stream_arg(stream)?))
@@ -294,11 +297,7 @@ pub extern "C" fn orEventElapsedTime(ms: *mut f32, start: *const c_void, end: *c
 
 #[no_mangle]
 pub extern "C" fn orEventDestroy(event: *mut c_void) -> OrError {
-    guarded(|| {
-        // SAFETY: the caller passes a handle from orEventCreate, once.
-        unsafe { handle::release(event.cast()) };
-        Ok(())
-    })
+    guarded(|| handle::release(event as usize))
 }
 
 /// `size` bytes of device memory on the current device, for its current

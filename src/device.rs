@@ -32,8 +32,52 @@ pub struct DeviceProperties {
     pub multi_processor_count: i32,
     /// Capacity in bytes (`OPENREG_DEVICE_MEMORY`).
     pub total_memory: usize,
-    /// Quantized dtypes have no kernels here; `getDeviceCapability` says so.
-    pub supports_quantized: bool,
+    /// The dtypes that work here, as a set of `c10::ScalarType` codes (bit
+    /// `n` for code `n`): what `getDeviceCapability` reports.
+    pub supported_scalar_types: u64,
+}
+
+/// `c10::ScalarType` codes (torch/headeronly/core/ScalarType.h; stable, as
+/// PyTorch's serialization format relies on them) of the dtypes a tensor of
+/// this device can hold and convert: creating one and converting it to
+/// another supported dtype and back works (tests/python/test_dtypes.py
+/// checks every torch dtype both ways). Left out: the quantized dtypes (no
+/// kernels here), and the bit-packed (`bits*`) and sub-byte (`int1`..`int7`,
+/// `uint1`..`uint7`, `float4_e2m1fn_x2`) ones, which even PyTorch's CPU
+/// kernels cannot convert ("copy_ not implemented").
+pub const SUPPORTED_SCALAR_TYPES: &[(u32, &str)] = &[
+    (0, "Byte"),
+    (1, "Char"),
+    (2, "Short"),
+    (3, "Int"),
+    (4, "Long"),
+    (5, "Half"),
+    (6, "Float"),
+    (7, "Double"),
+    (8, "ComplexHalf"),
+    (9, "ComplexFloat"),
+    (10, "ComplexDouble"),
+    (11, "Bool"),
+    (15, "BFloat16"),
+    (23, "Float8_e5m2"),
+    (24, "Float8_e4m3fn"),
+    (25, "Float8_e5m2fnuz"),
+    (26, "Float8_e4m3fnuz"),
+    (27, "UInt16"),
+    (28, "UInt32"),
+    (29, "UInt64"),
+    (44, "Float8_e8m0fnu"),
+    (46, "BComplex32"),
+];
+
+const fn scalar_type_set(types: &[(u32, &str)]) -> u64 {
+    let mut bits = 0u64;
+    let mut i = 0;
+    while i < types.len() {
+        bits |= 1 << types[i].0;
+        i += 1;
+    }
+    bits
 }
 
 /// What exists once a device has been used: its streams and its memory.
@@ -195,7 +239,7 @@ pub fn properties(index: i64) -> Result<DeviceProperties> {
         minor: 0,
         multi_processor_count: std::thread::available_parallelism().map_or(1, |n| n.get() as i32),
         total_memory: options::get().device_memory,
-        supports_quantized: false,
+        supported_scalar_types: scalar_type_set(SUPPORTED_SCALAR_TYPES),
     })
 }
 

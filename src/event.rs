@@ -6,7 +6,10 @@
 //! pair (see Note [Stream progress]). That version is complete once the stream
 //! has completed `seq` tasks. `block` captures the pair current at the time of
 //! the call and queues a wait for exactly it, so a later `record` cannot move
-//! an earlier wait. An event never recorded is complete.
+//! an earlier wait. An event never recorded is complete. An event is recorded
+//! only on streams of its own device (as `cudaEventRecord` requires), but
+//! streams of any device may wait on it (as `cudaStreamWaitEvent` allows).
+//! No cycle of waits can form: a wait only refers to work submitted before it.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -77,13 +80,11 @@ impl Event {
     }
 
     /// Makes `stream` wait for the version recorded at the time of the call.
+    /// `stream` may belong to another device than the event, as with
+    /// `cudaStreamWaitEvent`: its later work waits for the point recorded on
+    /// the event's device (pipeline parallelism's `wait_stream` across
+    /// devices). Recording, by contrast, needs a stream of the event's device.
     pub fn block(&self, stream: &'static StreamQueue) -> Result<()> {
-        if stream.device() != self.device {
-            return Err(Error::invalid_value(format!(
-                "{stream} cannot wait on an event of openreg device {}: an event is waited on by streams of its own device",
-                self.device
-            )));
-        }
         let target = self.state.lock().recorded.as_ref().map(|r| (r.stream, r.seq));
         match target {
             // Nothing to wait for when the stream passes its own marker in
@@ -159,37 +160,100 @@ fn signed_ms(from: Instant, to: Instant) -> f64 {
     }
 }
 
-/// An event handed across the C and C++ boundaries as an opaque pointer:
-/// a leaked `Arc<Event>` reference, released by `release`.
+/// Events handed across the C and C++ boundaries as opaque handles.
+///
+/// Note [Event handles]: a handle is not a pointer but a slot of a registry
+/// of live events: `(slot + 1) << 32 | generation`. The registry owns one
+/// `Arc<Event>` per live handle; `release` empties the slot and bumps its
+/// generation, so a destroyed handle (even after its slot is reused by a
+/// new event), a double destroy, a garbage value or null is rejected with
+/// `InvalidHandle` instead of touching freed memory. A lookup is one
+/// uncontended lock and a vector index (the guard's `record` is a hot path).
 pub mod handle {
     use super::*;
 
-    pub fn into_raw(event: Arc<Event>) -> *const Event {
-        Arc::into_raw(event)
+    /// Handles are 64-bit values (`(slot + 1) << 32 | generation`).
+    const _: () = assert!(usize::BITS == 64, "event handles need 64-bit pointers");
+
+    struct Slot {
+        /// Never 0 (so a handle is never null); bumped when the slot is freed.
+        generation: u32,
+        event: Option<Arc<Event>>,
     }
 
-    /// A new reference to the event behind `ptr`.
-    ///
-    /// # Safety
-    /// `ptr` must be null or come from `into_raw` and not yet be released.
-    pub unsafe fn get(ptr: *const Event) -> Result<Arc<Event>> {
-        if ptr.is_null() {
-            return Err(Error::new(ErrorKind::InvalidHandle, "null openreg event handle"));
-        }
-        // SAFETY: `ptr` is a live `Arc` allocation (caller's contract); taking
-        // one more strong reference keeps it alive for the returned `Arc`.
-        unsafe {
-            Arc::increment_strong_count(ptr);
-            Ok(Arc::from_raw(ptr))
-        }
+    struct Registry {
+        slots: Vec<Slot>,
+        /// Indices of empty slots, reused last-freed first.
+        free: Vec<u32>,
     }
 
-    /// # Safety
-    /// `ptr` must come from `into_raw`; it is invalid afterwards.
-    pub unsafe fn release(ptr: *const Event) {
-        if !ptr.is_null() {
-            // SAFETY: per the contract, this is the reference `into_raw` leaked.
-            drop(unsafe { Arc::from_raw(ptr) });
+    static REGISTRY: Mutex<Registry> = Mutex::new(Registry { slots: Vec::new(), free: Vec::new() });
+
+    fn encode(slot: u32, generation: u32) -> usize {
+        ((slot as usize + 1) << 32) | generation as usize
+    }
+
+    /// The slot and generation a handle names, if it is shaped like one.
+    fn decode(handle: usize) -> Option<(usize, u32)> {
+        let slot = (handle >> 32).checked_sub(1)?;
+        Some((slot, handle as u32))
+    }
+
+    #[cold]
+    fn invalid(handle: usize) -> Error {
+        if handle == 0 {
+            return Error::new(ErrorKind::InvalidHandle, "null openreg event handle");
         }
+        Error::new(
+            ErrorKind::InvalidHandle,
+            format!("{handle:#x} is not a live openreg event handle (never created, or already destroyed)"),
+        )
+    }
+
+    /// Registers `event`; returns its new handle (never 0).
+    pub fn into_raw(event: Arc<Event>) -> usize {
+        let mut reg = REGISTRY.lock();
+        let slot = match reg.free.pop() {
+            Some(slot) => slot,
+            None => {
+                let slot = u32::try_from(reg.slots.len()).expect("too many live openreg events");
+                reg.slots.push(Slot { generation: 1, event: None });
+                slot
+            }
+        };
+        let entry = &mut reg.slots[slot as usize];
+        entry.event = Some(event);
+        encode(slot, entry.generation)
+    }
+
+    /// A new reference to the event behind `handle`, or `InvalidHandle`.
+    pub fn get(handle: usize) -> Result<Arc<Event>> {
+        let reg = REGISTRY.lock();
+        decode(handle)
+            .and_then(|(slot, generation)| reg.slots.get(slot).filter(|s| s.generation == generation))
+            .and_then(|s| s.event.clone())
+            .ok_or_else(|| invalid(handle))
+    }
+
+    /// Ends `handle`: it is invalid afterwards. The event itself lives on
+    /// while queued work still refers to it. `InvalidHandle` if `handle` is
+    /// not live (null, garbage, or already released).
+    pub fn release(handle: usize) -> Result<()> {
+        let event = {
+            let mut reg = REGISTRY.lock();
+            let Some((slot, generation)) = decode(handle) else {
+                return Err(invalid(handle));
+            };
+            let Some(entry) = reg.slots.get_mut(slot).filter(|s| s.generation == generation && s.event.is_some())
+            else {
+                return Err(invalid(handle));
+            };
+            entry.generation = entry.generation.checked_add(1).unwrap_or(1);
+            let event = entry.event.take();
+            reg.free.push(slot as u32);
+            event
+        };
+        drop(event); // outside the registry's lock
+        Ok(())
     }
 }

@@ -127,7 +127,7 @@ mod bridge {
         fn init() -> Result<()>;
         fn is_initialized() -> bool;
         fn synchronize_device(index: i8) -> Result<()>;
-        fn device_supports_quantized(index: i8) -> Result<bool>;
+        fn device_supported_scalar_types(index: i8) -> Result<u64>;
 
         // Streams.
         fn current_stream(device: i8) -> Result<i64>;
@@ -139,13 +139,14 @@ mod bridge {
         fn query_stream(device: i8, id: i64) -> Result<bool>;
         fn synchronize_stream(device: i8, id: i64) -> Result<()>;
 
-        // Events; `event` is 0 until the first record creates it.
-        unsafe fn record_event(event: &mut usize, event_device: i8, device: i8, id: i64, timing: bool) -> Result<()>;
-        unsafe fn block_event(event: usize, device: i8, id: i64) -> Result<()>;
-        unsafe fn query_event(event: usize) -> Result<bool>;
-        unsafe fn synchronize_event(event: usize) -> Result<()>;
-        unsafe fn destroy_event(event: usize);
-        unsafe fn event_elapsed_ms(start: usize, end: usize, device: i8) -> Result<f64>;
+        // Events; `event` is 0 until the first record creates it. Handles are
+        // checked (Note [Event handles] in src/event.rs).
+        fn record_event(event: &mut usize, event_device: i8, device: i8, id: i64, timing: bool) -> Result<()>;
+        fn block_event(event: usize, device: i8, id: i64) -> Result<()>;
+        fn query_event(event: usize) -> Result<bool>;
+        fn synchronize_event(event: usize) -> Result<()>;
+        fn destroy_event(event: usize);
+        fn event_elapsed_ms(start: usize, end: usize, device: i8) -> Result<f64>;
 
         // Device memory (see Note [Caching allocator]). Allocations are for
         // the current stream of `device`.
@@ -295,8 +296,10 @@ fn synchronize_device(index: i8) -> Result<()> {
     device::synchronize_device(device::resolve(index.into()))
 }
 
-fn device_supports_quantized(index: i8) -> Result<bool> {
-    Ok(device::properties(device::resolve(index.into()))?.supports_quantized)
+/// Bit `n` set: `c10::ScalarType` code `n` is supported (see
+/// `device::SUPPORTED_SCALAR_TYPES`).
+fn device_supported_scalar_types(index: i8) -> Result<u64> {
+    Ok(device::properties(device::resolve(index.into()))?.supported_scalar_types)
 }
 
 fn current_stream(device: i8) -> Result<i64> {
@@ -335,64 +338,57 @@ fn synchronize_stream(device: i8, id: i64) -> Result<()> {
     stream::lookup(device.into(), id)?.synchronize()
 }
 
-/// # Safety
-/// `event` is 0 or a handle from an earlier `record_event` not yet destroyed.
-unsafe fn record_event(event: &mut usize, event_device: i8, device: i8, id: i64, timing: bool) -> Result<()> {
+/// `event` is 0 (created here, on its first record) or a handle from an
+/// earlier `record_event`; a destroyed or garbage handle is an error
+/// (Note [Event handles]).
+fn record_event(event: &mut usize, event_device: i8, device: i8, id: i64, timing: bool) -> Result<()> {
     let stream = stream::lookup(device.into(), id)?;
     if *event == 0 {
         // PyTorch passes -1 for an event that has not taken a device yet: it
         // belongs to the device of the stream that first records it.
         let owner = if event_device == -1 { stream.device().into() } else { event_device.into() };
-        *event = handle::into_raw(Event::new(owner, timing)?) as usize;
+        *event = handle::into_raw(Event::new(owner, timing)?);
     }
-    // SAFETY: per this function's contract.
-    unsafe { handle::get(*event as *const Event) }?.record(stream)
+    handle::get(*event)?.record(stream)
 }
 
-/// # Safety
-/// `event` is 0 or a live handle.
-unsafe fn block_event(event: usize, device: i8, id: i64) -> Result<()> {
+/// The stream may belong to another device than the event (Event::block).
+fn block_event(event: usize, device: i8, id: i64) -> Result<()> {
     if event == 0 {
         return Ok(()); // never recorded: nothing to wait for
     }
     let stream = stream::lookup(device.into(), id)?;
-    // SAFETY: per this function's contract.
-    unsafe { handle::get(event as *const Event) }?.block(stream)
+    handle::get(event)?.block(stream)
 }
 
-/// # Safety
-/// `event` is 0 or a live handle.
-unsafe fn query_event(event: usize) -> Result<bool> {
+fn query_event(event: usize) -> Result<bool> {
     if event == 0 {
         return Ok(true);
     }
-    // SAFETY: per this function's contract.
-    Ok(unsafe { handle::get(event as *const Event) }?.query())
+    Ok(handle::get(event)?.query())
 }
 
-/// # Safety
-/// `event` is 0 or a live handle.
-unsafe fn synchronize_event(event: usize) -> Result<()> {
+fn synchronize_event(event: usize) -> Result<()> {
     if event == 0 {
         return Ok(());
     }
-    // SAFETY: per this function's contract.
-    unsafe { handle::get(event as *const Event) }?.synchronize()
+    handle::get(event)?.synchronize()
 }
 
-/// # Safety
-/// `event` is 0 or a live handle; it is invalid afterwards.
-unsafe fn destroy_event(event: usize) {
-    // SAFETY: per this function's contract.
-    unsafe { handle::release(event as *const Event) }
+/// Called from the guard's `noexcept destroyEvent`: never fails; a handle
+/// that is not live (destroyed twice, garbage) is ignored with a warning.
+fn destroy_event(event: usize) {
+    if event == 0 {
+        return; // never recorded, so never created
+    }
+    if let Err(e) = handle::release(event) {
+        crate::error::warn_once(&format!("destroyEvent ignored an invalid event: {e}"));
+    }
 }
 
-/// # Safety
-/// Both are 0 or live handles.
-unsafe fn event_elapsed_ms(start: usize, end: usize, device: i8) -> Result<f64> {
+fn event_elapsed_ms(start: usize, end: usize, device: i8) -> Result<f64> {
     device::check_index(device.into())?;
-    // SAFETY: per this function's contract.
-    let (start, end) = unsafe { (handle::get(start as *const Event)?, handle::get(end as *const Event)?) };
+    let (start, end) = (handle::get(start)?, handle::get(end)?);
     Event::elapsed_ms(&start, &end)
 }
 

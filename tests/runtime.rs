@@ -197,14 +197,66 @@ fn elapsed_time_rejects_non_timing_unrecorded_and_cross_device_events() {
 }
 
 #[test]
-fn events_reject_streams_of_other_devices() {
+fn events_are_recorded_only_on_streams_of_their_device() {
+    // As cudaEventRecord: the stream must belong to the event's device.
     let e = Event::new(0, false).unwrap();
     let err = e.record(fresh_stream(1)).unwrap_err();
     assert!(err.message.contains("device 0") && err.message.contains("device 1"), "{}", err.message);
     e.record(fresh_stream(0)).unwrap();
-    let err = e.block(fresh_stream(1)).unwrap_err();
-    assert!(err.message.contains("device 0"), "{}", err.message);
     assert!(Event::new(5, false).is_err());
+}
+
+/// A task that sleeps `ms`, then sets the returned flag.
+fn slow_then_flag(ms: u64) -> (Task, Arc<AtomicBool>) {
+    let done = Arc::new(AtomicBool::new(false));
+    let flag = done.clone();
+    let task = host(move || {
+        thread::sleep(Duration::from_millis(ms));
+        flag.store(true, Ordering::SeqCst);
+    });
+    (task, done)
+}
+
+/// Queues on `s` a task that records whether `done` was set when it ran.
+fn observe(s: &'static StreamQueue, done: &Arc<AtomicBool>) -> Arc<AtomicBool> {
+    let seen = Arc::new(AtomicBool::new(false));
+    let (seen2, done2) = (seen.clone(), done.clone());
+    s.submit(host(move || seen2.store(done2.load(Ordering::SeqCst), Ordering::SeqCst))).unwrap();
+    seen
+}
+
+#[test]
+fn a_stream_waits_on_an_event_of_another_device() {
+    // As cudaStreamWaitEvent: the waiting stream may be on another device,
+    // and its later work runs only after the event's point has completed.
+    for (from, to) in [(0, 1), (1, 0)] {
+        let (src, dst) = (fresh_stream(from), fresh_stream(to));
+        let e = Event::new(from, false).unwrap();
+        let (task, done) = slow_then_flag(150);
+        src.submit(task).unwrap();
+        e.record(src).unwrap();
+        e.block(dst).unwrap();
+        assert!(!dst.query(), "the wait is queued on device {to}'s stream");
+        let seen = observe(dst, &done);
+        dst.synchronize().unwrap();
+        assert!(seen.load(Ordering::SeqCst), "device {to} ran work before device {from} reached the event");
+        assert_eq!(e.device(), from as i8, "waiting does not move the event");
+    }
+}
+
+#[test]
+fn a_cross_device_wait_is_for_the_version_current_at_the_call() {
+    let (a, b, c) = (fresh_stream(0), fresh_stream(1), fresh_stream(0));
+    let e = Event::new(0, false).unwrap();
+    let (task, done) = slow_then_flag(150);
+    a.submit(task).unwrap();
+    e.record(a).unwrap();
+    e.block(b).unwrap();
+    e.record(c).unwrap(); // a later, already complete version
+    assert!(e.query());
+    let seen = observe(b, &done);
+    b.synchronize().unwrap();
+    assert!(seen.load(Ordering::SeqCst), "a later record released an earlier cross-device wait");
 }
 
 #[test]

@@ -303,8 +303,10 @@ void test_device_capability() {
   for (const c10::Device& device : {kDev0, kDev1, c10::Device(kOpenReg)}) {
     const auto types = impl().getDeviceCapability(device).capability_data.supported_scalar_types;
     CHECK(types.has_Float && types.has_Half && types.has_BFloat16 && types.has_Long && types.has_Bool);
-    // No quantized kernels exist here, and the capability says so.
+    // No quantized kernels exist here, and the capability says so; nor can
+    // bit-packed or sub-byte dtypes be converted (tests/python/test_dtypes.py).
     CHECK(!types.has_QInt8 && !types.has_QUInt8 && !types.has_QInt32);
+    CHECK(!types.has_Bits8 && !types.has_Int4 && !types.has_UInt4 && !types.has_Float4_e2m1fn_x2);
   }
 }
 
@@ -854,11 +856,22 @@ void test_events_across_devices() {
   const c10::Stream on0 = impl().getStreamFromGlobalPool(kDev0);
   const c10::Stream on1 = impl().getStreamFromGlobalPool(kDev1);
 
-  // Waiting on an event of another device.
+  // Waiting on an event of another device is allowed, as cudaStreamWaitEvent
+  // allows it; on1's later work waits for on0's recorded point.
   c10::Event event(kOpenReg);
+  Gate gate;
+  Flag on0_done = make_flag();
+  Flag on1_saw_on0_done = make_flag();
+  launch(on0, gate.wait_then([on0_done] { *on0_done = true; }));
   event.record(on0);
-  CHECK_THROWS(event.block(on1), "device 0", "own device");
-  CHECK_THROWS(impl().block(event.eventId(), on1), "device 0");
+  event.block(on1);
+  impl().block(event.eventId(), on1);
+  launch(on1, [on0_done, on1_saw_on0_done] { *on1_saw_on0_done = on0_done->load(); });
+  CHECK(stays_false([&] { return impl().queryStream(on1); })); // on1 waits for on0
+  gate.open();
+  impl().synchronizeStream(on1);
+  CHECK(on1_saw_on0_done->load());
+  CHECK_EQ(event.device_index(), c10::DeviceIndex(0)); // waiting does not move it
 
   // Recording an event of device 0 on a stream of device 1. The failed
   // record still creates the event (owned by `stray`), never recorded.
@@ -887,6 +900,15 @@ void test_events_across_devices() {
   for (void* e : {stray, timed0, timed1, plain0}) {
     impl().destroyEvent(e, 0);
   }
+
+  // Destroyed handles are rejected, never dereferenced (Note [Event handles]);
+  // destroyEvent is noexcept: a second destroy is ignored with a warning.
+  CHECK_THROWS(impl().queryEvent(timed0), "not a live openreg event handle");
+  CHECK_THROWS(impl().block(timed0, on0), "not a live openreg event handle");
+  CHECK_THROWS(impl().synchronizeEvent(timed0), "not a live openreg event handle");
+  CHECK_THROWS(record(&timed0, on0), "not a live openreg event handle");
+  impl().destroyEvent(timed0, 0);
+  impl().destroyEvent(reinterpret_cast<void*>(0x1234), 0);
 }
 
 // ---- group: no_devices (run with OPENREG_DEVICE_COUNT=0 or invalid) --------

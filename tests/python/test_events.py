@@ -1,5 +1,6 @@
-"""Events: versioned record/wait/query/synchronize, timing, and cross-device
-misuse, through torch.Event / torch.openreg.Event and the device guard."""
+"""Events: versioned record/wait/query/synchronize, timing, waits across
+devices and cross-device misuse, through torch.Event / torch.openreg.Event and
+the device guard."""
 
 import gc
 import time
@@ -239,14 +240,77 @@ def test_elapsed_time_requires_completed_events():
     assert start.elapsed_time(end) > 0
 
 
-def test_wait_on_event_of_another_device_raises():
-    e = torch.Event(device="openreg")
-    e.record(new_stream(0))
+def _slow_fill_on(stream: torch.Stream, value: float) -> torch.Tensor:
+    """A tensor of ``stream``'s device that ``stream`` fills with ``value``
+    only after a 150 ms kernel."""
+    x = torch.zeros(1024, device=stream.device)
+    torch.openreg.synchronize(stream.device_index)  # the zeros are in place
+    with torch.openreg.stream(stream):
+        torch.openreg._sleep(150)
+        x.fill_(value)
+    return x
+
+
+def _read_on(stream: torch.Stream, x: torch.Tensor) -> torch.Tensor:
+    """Copies ``x`` to ``stream``'s device with ``stream`` current there: the
+    copy runs after the work ``stream`` had queued (Note [Copies])."""
+    with torch.openreg.stream(stream):
+        return x.to(stream.device)
+
+
+# Pipeline parallelism: a stream of one device waits for a stream of another,
+# as cudaStreamWaitEvent allows (the event may be of another device).
+_CROSS_DEVICE_WAITS = {
+    "Stream.wait_stream": lambda s1, s0: s1.wait_stream(s0),
+    "openreg.Stream.wait_stream": lambda s1, s0: torch.openreg.Stream._wrap(s1).wait_stream(s0),
+    "Event.wait": lambda s1, s0: _recorded(s0).wait(s1),
+    "openreg.Event.wait": lambda s1, s0: _recorded(s0, torch.openreg.Event()).wait(s1),
+    "Stream.wait_event": lambda s1, s0: s1.wait_event(_recorded(s0)),
+    "openreg.Stream.wait_event": lambda s1, s0: torch.openreg.Stream._wrap(s1).wait_event(_recorded(s0)),
+}
+
+
+def _recorded(stream: torch.Stream, event: torch.Event | None = None) -> torch.Event:
+    event = event if event is not None else torch.Event(device="openreg")
+    event.record(stream)
+    assert event.device == stream.device
+    return event
+
+
+@pytest.mark.parametrize("how", sorted(_CROSS_DEVICE_WAITS))
+@pytest.mark.parametrize("src, dst", [(0, 1), (1, 0)])
+def test_a_stream_waits_for_a_stream_of_another_device(how, src, dst):
+    s_src, s_dst = new_stream(src), new_stream(dst)
+    x = _slow_fill_on(s_src, 7.0)
+    _CROSS_DEVICE_WAITS[how](s_dst, s_src)
+    assert s_dst.query() is False  # the wait is queued on the other device's stream
+    y = _read_on(s_dst, x)
+    assert y.device == torch.device("openreg", dst)
+    s_dst.synchronize()
+    assert s_src.query() is True
+    assert torch.equal(y.cpu(), torch.full((1024,), 7.0)), "the copy ran before the other device's fill"
+
+
+def test_a_cross_device_wait_waits_for_the_version_current_at_the_call():
+    s0, s1 = new_stream(0), new_stream(1)
+    x = _slow_fill_on(s0, 3.0)
+    e = _recorded(s0)
+    e.wait(s1)
+    e.record(new_stream(0))  # a later version, complete at once
+    assert e.query() is True
+    y = _read_on(s1, x)
+    assert torch.equal(y.cpu(), torch.full((1024,), 3.0))
+
+
+def test_waiting_on_an_event_of_another_device_keeps_its_device():
+    e = _recorded(new_stream(0))
     s1 = new_stream(1)
-    with pytest.raises(RuntimeError, match=r"device 0") as info:
-        e.wait(s1)
-    assert "device 1" in str(info.value)
-    assert s1.query() is True  # nothing was queued
+    e.wait(s1)
+    s1.wait_event(e)
+    assert e.device == torch.device("openreg:0")
+    e.synchronize()
+    s1.synchronize()
+    assert e.query() and s1.query()
 
 
 def test_record_event_of_device0_on_stream_of_device1_raises():
