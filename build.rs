@@ -61,6 +61,7 @@ fn main() {
         "cpp/device_memory.cpp",
         "cpp/ops.cpp",
         "cpp/fallback.cpp",
+        "cpp/meta_results.cpp",
         "cpp/convolution.cpp",
         "cpp/elementwise.cpp",
         "cpp/generator.cpp",
@@ -85,7 +86,7 @@ fn main() {
     // inside the library (no PLT hop) — they are on the device-guard hot path.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
 
-    for path in sources.iter().chain(&["cpp/shim.h", "cpp/checked.h", "cpp/backend.h", "cpp/device_memory.h", "cpp/generator.h", "src/ffi.rs"]) {
+    for path in sources.iter().chain(&["cpp/shim.h", "cpp/checked.h", "cpp/backend.h", "cpp/device_memory.h", "cpp/meta_results.h", "cpp/generator.h", "src/ffi.rs"]) {
         println!("cargo:rerun-if-changed={path}");
     }
     for var in ["OPENREG_TORCH_DIR", "OPENREG_TORCH_CXX11_ABI", "PYTHON"] {

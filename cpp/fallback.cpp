@@ -26,18 +26,13 @@
 //
 // Every route checks devices first, as CUDA does: openreg tensors on one
 // device; a CPU tensor only as a read 0-dim scalar (or as indices).
-#include <mutex>
-#include <unordered_map>
-
 #include <ATen/ATen.h>
-#include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/core/Allocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-#include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/device_memory.h"
+#include "torch_openreg/cpp/meta_results.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 namespace openreg {
@@ -48,6 +43,10 @@ namespace {
 bool accepts_cpu_indices(const c10::OperatorName& name) {
   return name.name == "aten::index" || name.name == "aten::index_put_" ||
       name.name == "aten::_index_put_impl_" || name.name == "aten::index_put";
+}
+
+bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.strides() == b.strides() && a.storage_offset() == b.storage_offset();
 }
 
 // Calls `fn(tensor)` for each defined tensor in `value` (a Tensor, Tensor[]
@@ -183,7 +182,7 @@ class Call {
     }
     for (const auto& [view, original] : views_) {
       if (result.storage().data() == view.storage().data() && result.storage().nbytes() > 0) {
-        return alias_of(original, result);
+        return alias_of(original, result.scalar_type(), result.sizes(), result.strides(), result.storage_offset());
       }
     }
     return copy_to_device(result, device);
@@ -202,18 +201,6 @@ class Call {
   bool host_tensor_ = false;
   bool written_host_tensor_ = false;
   std::vector<std::pair<at::Tensor, at::Tensor>> views_; // (CPU view, openreg original)
-
- public:
-  static bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
-    return a.sizes() == b.sizes() && a.strides() == b.strides() && a.storage_offset() == b.storage_offset();
-  }
-
-  // An openreg view of `original`'s memory with the dtype and geometry of
-  // `like` (a view that changes the element type keeps its own dtype).
-  static at::Tensor alias_of(const at::Tensor& original, const at::Tensor& like) {
-    return at::empty({0}, original.options().dtype(like.dtype()))
-        .set_(original.storage(), like.storage_offset(), like.sizes(), like.strides());
-  }
 };
 
 // A host tensor argument of a queued kernel is copied at the call, as CUDA
@@ -225,175 +212,44 @@ at::Tensor host_copy(const at::Tensor& t) {
   return copy;
 }
 
-// Data-dependent ops whose Meta kernels cannot know their output shape
-// (they raise, or guess an upper bound): always route 3.
-bool has_data_dependent_shape(const c10::OperatorName& name) {
-  static const std::unordered_map<std::string, bool> ops = {
-      {"aten::nonzero", true}, {"aten::nonzero_numpy", true}, {"aten::masked_select", true},
-      {"aten::unique_consecutive", true}, {"aten::_unique", true}, {"aten::_unique2", true},
-      {"aten::unique_dim", true}, {"aten::unique_dim_consecutive", true}, {"aten::bincount", true},
-      {"aten::repeat_interleave", true}, {"aten::histc", true}, {"aten::_assert_async", true},
-  };
-  return ops.count(name.name) != 0;
+// Route 2, in the queued kernel: the CPU kernel's results `computed` go
+// where the plan put them (CPU views of the planned openreg results),
+// unless the kernel wrote them there itself.
+void fill_planned_results(
+    const c10::OperatorHandle& op,
+    const torch::jit::Stack& computed,
+    const torch::jit::Stack& destinations) {
+  TORCH_CHECK(computed.size() == destinations.size(), "openreg fallback: ", op.operator_name(), " returned ",
+              computed.size(), " values where its Meta kernel returned ", destinations.size());
+  for (size_t i = 0; i < computed.size(); ++i) {
+    std::vector<at::Tensor> got, want;
+    c10::IValue got_value = computed[i], want_value = destinations[i];
+    map_tensors(got_value, [&](const at::Tensor& t) { got.push_back(t); return t; });
+    map_tensors(want_value, [&](const at::Tensor& t) { want.push_back(t); return t; });
+    TORCH_CHECK(got.size() == want.size(), "openreg fallback: ", op.operator_name(), " result ", i,
+                " differs from its Meta kernel's");
+    for (size_t j = 0; j < got.size(); ++j) {
+      if (got[j].data_ptr() == want[j].data_ptr() && same_geometry(got[j], want[j])) {
+        continue;
+      }
+      TORCH_CHECK(got[j].sizes() == want[j].sizes(), "openreg fallback: ", op.operator_name(),
+                  " computed a result of shape ", got[j].sizes(), " where its Meta kernel said ", want[j].sizes());
+      want[j].copy_(got[j]);
+    }
+  }
 }
-
-// Whether route 2 may take `op`, by its schema and kernels. Cached per op.
-class QueueableOps {
- public:
-  bool allows(const c10::OperatorHandle& op) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto [it, inserted] = known_.try_emplace(&op.schema(), false);
-    if (inserted) {
-      it->second = judge(op);
-    }
-    return it->second;
-  }
-
-  // The op's Meta kernel turned out not to exist after all.
-  void forbid(const c10::OperatorHandle& op) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    known_[&op.schema()] = false;
-  }
-
- private:
-  static bool judge(const c10::OperatorHandle& op) {
-    if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta) || has_data_dependent_shape(op.operator_name())) {
-      return false;
-    }
-    const auto is_tensor_like = [](const c10::TypePtr& type) {
-      if (type->kind() == c10::TypeKind::OptionalType) {
-        return type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType;
-      }
-      if (type->kind() == c10::TypeKind::ListType) {
-        return type->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType;
-      }
-      return type->kind() == c10::TypeKind::TensorType;
-    };
-    for (const auto& ret : op.schema().returns()) {
-      if (!is_tensor_like(ret.type())) {
-        return false;
-      }
-    }
-    for (const auto& arg : op.schema().arguments()) {
-      if (arg.type()->kind() == c10::TypeKind::GeneratorType ||
-          (arg.type()->kind() == c10::TypeKind::OptionalType &&
-           arg.type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType)) {
-        return false;
-      }
-    }
-    return true;
-  }
-
-  std::mutex mutex_;
-  std::unordered_map<const c10::FunctionSchema*, bool> known_;
-};
-
-QueueableOps& queueable_ops() {
-  static auto* ops = new QueueableOps();
-  return *ops;
-}
-
-// A meta tensor standing for the openreg tensor `t`: same dtype and
-// geometry; tensors sharing memory share a meta storage, so the Meta kernel
-// sees the same aliasing.
-class MetaArguments {
- public:
-  at::Tensor stand_in(const at::Tensor& t) {
-    auto [it, inserted] = storages_.try_emplace(t.storage().unsafeGetStorageImpl());
-    if (inserted) {
-      it->second = c10::Storage(
-          c10::Storage::use_byte_size_t(), t.storage().nbytes(), c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
-          c10::GetAllocator(c10::kMeta), /*resizable=*/true);
-    }
-    auto impl = c10::make_intrusive<c10::TensorImpl>(
-        c10::Storage(it->second), c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
-    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    at::Tensor meta(std::move(impl));
-    originals_.emplace_back(meta, t);
-    return meta;
-  }
-
-  // The openreg tensor the Meta kernel's `result` stands for: the argument
-  // itself (resized like its stand-in, in stream order), a view of an
-  // argument's memory, or new device memory; `fresh` says which.
-  at::Tensor to_device(const at::Tensor& result, c10::Device device, bool& fresh) {
-    fresh = false;
-    for (const auto& [meta, original] : originals_) {
-      if (result.unsafeGetTensorImpl() == meta.unsafeGetTensorImpl()) {
-        if (!Call::same_geometry(meta, original) || meta.dtype() != original.dtype()) {
-          resize_like(original, meta);
-        }
-        return original;
-      }
-    }
-    for (const auto& [meta, original] : originals_) {
-      if (result.storage().unsafeGetStorageImpl() == meta.storage().unsafeGetStorageImpl()) {
-        return Call::alias_of(original, result);
-      }
-    }
-    fresh = true;
-    c10::DeviceGuard guard(device);
-    return at::detail::empty_strided_generic(
-        result.sizes(), result.strides(), device_memory_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-        result.scalar_type());
-  }
-
- private:
-  // An out= argument the Meta kernel resized: its openreg tensor gets the
-  // same geometry, its storage grown if needed.
-  static void resize_like(const at::Tensor& original, const at::Tensor& meta) {
-    TORCH_CHECK(
-        meta.dtype() == original.dtype(), "openreg fallback: the Meta kernel changed the dtype of an argument");
-    const size_t needed =
-        at::detail::computeStorageNbytes(meta.sizes(), meta.strides(), meta.itemsize(), meta.storage_offset());
-    if (needed > original.storage().nbytes()) {
-      resize_device_storage(original.storage(), needed);
-    }
-    original.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes(), meta.strides(), meta.storage_offset());
-  }
-
-  std::unordered_map<c10::StorageImpl*, c10::Storage> storages_;
-  std::vector<std::pair<at::Tensor, at::Tensor>> originals_; // (meta stand-in, openreg original)
-};
 
 // Route 2 (see the Note); false if the Meta kernel cannot tell the results,
 // leaving the stack as it was.
 bool queue_with_meta_results(Call& call, c10::Device device) {
-  if (!queueable_ops().allows(call.op)) {
+  std::optional<PlannedResults> planned = plan_results(
+      call.op, c10::ArrayRef<c10::IValue>(call.stack.data() + call.first_arg, call.stack.size() - call.first_arg),
+      device);
+  if (!planned) {
     return false;
   }
-  MetaArguments meta;
-  torch::jit::Stack meta_stack(call.stack.begin() + call.first_arg, call.stack.end());
-  for (c10::IValue& value : meta_stack) {
-    if (value.isDevice() && value.toDevice().is_privateuseone()) {
-      value = c10::IValue(c10::Device(c10::kMeta));
-    }
-    map_tensors(value, [&](const at::Tensor& t) { return t.is_privateuseone() ? meta.stand_in(t) : t; });
-  }
-  try {
-    call.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
-  } catch (const c10::NotImplementedError&) {
-    queueable_ops().forbid(call.op);
-    return false;
-  } catch (const std::exception&) {
-    return false; // route 3 raises the CPU kernel's own error
-  }
-
-  // The openreg results; out= arguments are resized before the kernel's
-  // views of them are made.
-  torch::jit::Stack results;
-  std::vector<bool> fresh_results;
-  for (c10::IValue& value : meta_stack) {
-    map_tensors(value, [&](const at::Tensor& t) {
-      bool fresh = false;
-      at::Tensor result = meta.to_device(t, device, fresh);
-      fresh_results.push_back(fresh);
-      return result;
-    });
-    results.push_back(value);
-  }
-  const bool any_fresh = std::find(fresh_results.begin(), fresh_results.end(), true) != fresh_results.end();
-  if (call.op.schema().is_mutable() || any_fresh) {
+  torch::jit::Stack& results = planned->results;
+  if (call.op.schema().is_mutable() || planned->any_fresh) {
     torch::jit::Stack arguments(call.stack.begin() + call.first_arg, call.stack.end());
     for (c10::IValue& value : arguments) {
       if (value.isDevice() && value.toDevice().is_privateuseone()) {
@@ -410,25 +266,7 @@ bool queue_with_meta_results(Call& call, c10::Device device) {
         [op = call.op, arguments = std::move(arguments), destinations = std::move(destinations)] {
           torch::jit::Stack stack = arguments; // a kernel may run again (graph replay)
           op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
-          TORCH_CHECK(stack.size() == destinations.size(), "openreg fallback: ", op.operator_name(), " returned ",
-                      stack.size(), " values, its Meta kernel ", destinations.size());
-          for (size_t i = 0; i < stack.size(); ++i) {
-            std::vector<at::Tensor> got, want;
-            c10::IValue computed = stack[i], destination = destinations[i];
-            map_tensors(computed, [&](const at::Tensor& t) { got.push_back(t); return t; });
-            map_tensors(destination, [&](const at::Tensor& t) { want.push_back(t); return t; });
-            TORCH_CHECK(got.size() == want.size(), "openreg fallback: ", op.operator_name(), " result ", i,
-                        " differs from its Meta kernel's");
-            for (size_t j = 0; j < got.size(); ++j) {
-              if (got[j].data_ptr() == want[j].data_ptr() && Call::same_geometry(got[j], want[j])) {
-                continue; // written in place
-              }
-              TORCH_CHECK(got[j].sizes() == want[j].sizes(), "openreg fallback: ", op.operator_name(),
-                          " computed a result of shape ", got[j].sizes(), " where its Meta kernel said ",
-                          want[j].sizes());
-              want[j].copy_(got[j]);
-            }
-          }
+          fill_planned_results(op, stack, destinations);
         },
         ffi::LaunchMode::Queue);
   }

@@ -299,6 +299,7 @@ def test_a_cross_device_wait_waits_for_the_version_current_at_the_call():
     e.record(new_stream(0))  # a later version, complete at once
     assert e.query() is True
     y = _read_on(s1, x)
+    s1.synchronize()  # the copy is asynchronous, as on CUDA
     assert torch.equal(y.cpu(), torch.full((1024,), 3.0))
 
 

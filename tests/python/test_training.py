@@ -22,8 +22,12 @@ def _mlp():
 
 def _cnn():
     torch.manual_seed(1)
+    # No bias before BatchNorm: BatchNorm cancels it, so its gradient is zero
+    # but for rounding, which depends on how many threads a reduction uses
+    # (device kernels off the main thread use one: Note [Kernel threads]),
+    # and Adam scales that noise up to a full step of lr.
     return nn.Sequential(
-        nn.Conv2d(3, 6, 3, padding=1),
+        nn.Conv2d(3, 6, 3, padding=1, bias=False),
         nn.BatchNorm2d(6),
         nn.ReLU(),
         nn.MaxPool2d(2),

@@ -1,0 +1,453 @@
+// See meta_results.h (Note [Meta results]).
+#include "torch_openreg/cpp/meta_results.h"
+
+#include <bit>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/DefaultDtype.h>
+#include <c10/core/DeviceGuard.h>
+
+#include "torch_openreg/cpp/backend.h"
+#include "torch_openreg/cpp/device_memory.h"
+
+namespace openreg {
+namespace {
+
+// Ops whose Meta kernels cannot know their output shape (it depends on the
+// data: they raise, or guess an upper bound).
+bool has_data_dependent_shape(const c10::OperatorName& name) {
+  static const std::unordered_set<std::string> ops = {
+      "aten::nonzero",   "aten::nonzero_numpy", "aten::masked_select",   "aten::unique_consecutive",
+      "aten::_unique",   "aten::_unique2",      "aten::unique_dim",      "aten::unique_dim_consecutive",
+      "aten::bincount",  "aten::histc",         "aten::repeat_interleave", "aten::_assert_async",
+  };
+  return ops.count(name.name) != 0;
+}
+
+bool is_generator(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::OptionalType) {
+    return type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType;
+  }
+  return type->kind() == c10::TypeKind::GeneratorType;
+}
+
+bool is_tensor_like(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::OptionalType) {
+    return type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType;
+  }
+  if (type->kind() == c10::TypeKind::ListType) {
+    return type->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType;
+  }
+  return type->kind() == c10::TypeKind::TensorType;
+}
+
+// Whether `op`'s results may be planned at all, by its schema and kernels.
+bool plannable(const c10::OperatorHandle& op) {
+  if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta) || has_data_dependent_shape(op.operator_name())) {
+    return false;
+  }
+  const auto& schema = op.schema();
+  return std::all_of(schema.returns().begin(), schema.returns().end(), [](const c10::Argument& r) {
+           return is_tensor_like(r.type());
+         }) &&
+      std::none_of(schema.arguments().begin(), schema.arguments().end(), [](const c10::Argument& a) {
+           return is_generator(a.type());
+         });
+}
+
+// The openreg tensor arguments of a call, in stack order (lists flattened).
+std::vector<at::Tensor> openreg_tensors(c10::ArrayRef<c10::IValue> arguments) {
+  std::vector<at::Tensor> tensors;
+  const auto add = [&](const at::Tensor& t) {
+    if (t.defined() && t.is_privateuseone()) {
+      tensors.push_back(t);
+    }
+  };
+  for (const c10::IValue& value : arguments) {
+    if (value.isTensor()) {
+      add(value.toTensor());
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& t : value.toTensorList()) {
+        add(t);
+      }
+    } else if (value.isOptionalTensorList()) {
+      for (const std::optional<at::Tensor>& t : value.toOptionalTensorList()) {
+        if (t.has_value()) {
+          add(*t);
+        }
+      }
+    }
+  }
+  return tensors;
+}
+
+// The cache key of a call: everything a Meta kernel can read. False if an
+// argument is of a kind the key cannot hold (the call is planned uncached).
+class Key {
+ public:
+  bool encode(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+    words_.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.schema())));
+    words_.push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
+    for (const c10::IValue& value : arguments) {
+      if (!encode(value)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  bool operator==(const Key& other) const {
+    return words_ == other.words_;
+  }
+
+  size_t hash() const {
+    size_t h = words_.size();
+    for (int64_t w : words_) {
+      h ^= std::hash<int64_t>{}(w) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    }
+    return h;
+  }
+
+ private:
+  enum Tag : int64_t { kNone = 1, kTensor, kUndefined, kTensorList, kOptionalTensorList, kInt, kDouble, kBool,
+                       kComplex, kIntList, kDoubleList, kBoolList, kString, kDevice };
+
+  bool encode(const c10::IValue& value) {
+    if (value.isNone()) {
+      words_.push_back(kNone);
+    } else if (value.isTensor()) {
+      encode(value.toTensor());
+    } else if (value.isTensorList()) {
+      words_.push_back(kTensorList);
+      words_.push_back(static_cast<int64_t>(value.toTensorList().size()));
+      for (const at::Tensor& t : value.toTensorList()) {
+        encode(t);
+      }
+    } else if (value.isOptionalTensorList()) {
+      words_.push_back(kOptionalTensorList);
+      words_.push_back(static_cast<int64_t>(value.toOptionalTensorList().size()));
+      for (const std::optional<at::Tensor>& t : value.toOptionalTensorList()) {
+        encode(t.value_or(at::Tensor()));
+      }
+    } else if (value.isInt()) {
+      push(kInt, value.toInt());
+    } else if (value.isDouble()) {
+      push(kDouble, std::bit_cast<int64_t>(value.toDouble()));
+    } else if (value.isBool()) {
+      push(kBool, value.toBool());
+    } else if (value.isComplexDouble()) {
+      const c10::complex<double> z = value.toComplexDouble();
+      push(kComplex, std::bit_cast<int64_t>(z.real()));
+      words_.push_back(std::bit_cast<int64_t>(z.imag()));
+    } else if (value.isIntList()) {
+      push(kIntList, static_cast<int64_t>(value.toIntList().size()));
+      for (int64_t i : value.toIntList()) {
+        words_.push_back(i);
+      }
+    } else if (value.isDoubleList()) {
+      push(kDoubleList, static_cast<int64_t>(value.toDoubleList().size()));
+      for (double d : value.toDoubleList()) {
+        words_.push_back(std::bit_cast<int64_t>(d));
+      }
+    } else if (value.isBoolList()) {
+      push(kBoolList, static_cast<int64_t>(value.toBoolList().size()));
+      for (bool b : value.toBoolList()) {
+        words_.push_back(b);
+      }
+    } else if (value.isString()) {
+      const std::string& s = value.toStringRef();
+      push(kString, static_cast<int64_t>(s.size()));
+      for (char c : s) {
+        words_.push_back(c);
+      }
+    } else if (value.isDevice()) {
+      push(kDevice, static_cast<int64_t>(value.toDevice().type()));
+      words_.push_back(value.toDevice().index());
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  void encode(const at::Tensor& t) {
+    if (!t.defined()) {
+      words_.push_back(kUndefined);
+      return;
+    }
+    push(kTensor, static_cast<int64_t>(t.device().type()));
+    words_.push_back(t.device().index());
+    words_.push_back(static_cast<int64_t>(t.scalar_type()));
+    words_.push_back(t.unsafeGetTensorImpl()->is_wrapped_number() | t.is_conj() << 1 | t.is_neg() << 2);
+    words_.push_back(t.dim());
+    words_.insert(words_.end(), t.sizes().begin(), t.sizes().end());
+    words_.insert(words_.end(), t.strides().begin(), t.strides().end());
+    words_.push_back(t.storage_offset());
+    // Aliasing: the first tensor of this call with the same memory.
+    const c10::StorageImpl* storage = t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+    auto [it, inserted] = storages_.try_emplace(storage, storages_.size());
+    words_.push_back(static_cast<int64_t>(it->second));
+  }
+
+  void push(Tag tag, int64_t value) {
+    words_.push_back(tag);
+    words_.push_back(value);
+  }
+
+  std::vector<int64_t> words_;
+  std::unordered_map<const c10::StorageImpl*, size_t> storages_;
+};
+
+struct KeyHash {
+  size_t operator()(const Key& key) const {
+    return key.hash();
+  }
+};
+
+// One planned result tensor.
+struct PlannedTensor {
+  enum class Kind : uint8_t { Undefined, New, Argument, ViewOfArgument };
+  Kind kind = Kind::Undefined;
+  size_t argument = 0; // index into openreg_tensors(arguments)
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  std::vector<int64_t> sizes, strides;
+  int64_t storage_offset = 0;
+};
+
+// One return of the op: a tensor, a list of tensors, or None.
+struct PlannedReturn {
+  enum class Kind : uint8_t { Tensor, TensorList, None };
+  Kind kind = Kind::None;
+  std::vector<PlannedTensor> tensors;
+};
+
+using Plan = std::vector<PlannedReturn>;
+
+// Runs the Meta kernel on stand-ins of `arguments`; nullopt if it fails.
+std::optional<Plan> plan_with_meta_kernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+  std::unordered_map<c10::StorageImpl*, c10::Storage> storages;
+  std::vector<at::Tensor> stand_ins; // in openreg_tensors order
+  const auto stand_in = [&](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined() || !t.is_privateuseone()) {
+      return t;
+    }
+    auto [it, inserted] = storages.try_emplace(t.storage().unsafeGetStorageImpl());
+    if (inserted) {
+      it->second = c10::Storage(
+          c10::Storage::use_byte_size_t(), t.storage().nbytes(), c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
+          c10::GetAllocator(c10::kMeta), /*resizable=*/true);
+    }
+    auto impl = c10::make_intrusive<c10::TensorImpl>(
+        c10::Storage(it->second), c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
+    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    stand_ins.emplace_back(std::move(impl));
+    return stand_ins.back();
+  };
+  torch::jit::Stack stack;
+  for (const c10::IValue& value : arguments) {
+    if (value.isDevice() && value.toDevice().is_privateuseone()) {
+      stack.emplace_back(c10::Device(c10::kMeta));
+    } else if (value.isTensor()) {
+      stack.emplace_back(stand_in(value.toTensor()));
+    } else if (value.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : value.toTensorList()) {
+        list.push_back(stand_in(t));
+      }
+      stack.emplace_back(std::move(list));
+    } else if (value.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> list;
+      for (const std::optional<at::Tensor>& t : value.toOptionalTensorList()) {
+        list.push_back(t.has_value() ? std::optional<at::Tensor>(stand_in(*t)) : std::nullopt);
+      }
+      stack.emplace_back(std::move(list));
+    } else {
+      stack.push_back(value);
+    }
+  }
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
+  } catch (const std::exception&) {
+    return std::nullopt; // the CPU kernel, run instead, raises its own error
+  }
+
+  const auto plan_tensor = [&](const at::Tensor& result) {
+    PlannedTensor planned;
+    if (!result.defined()) {
+      return planned;
+    }
+    planned.dtype = result.scalar_type();
+    planned.sizes = result.sizes().vec();
+    planned.strides = result.strides().vec();
+    planned.storage_offset = result.storage_offset();
+    planned.kind = PlannedTensor::Kind::New;
+    for (size_t i = 0; i < stand_ins.size(); ++i) {
+      if (result.unsafeGetTensorImpl() == stand_ins[i].unsafeGetTensorImpl()) {
+        planned.kind = PlannedTensor::Kind::Argument;
+        planned.argument = i;
+        return planned;
+      }
+    }
+    for (size_t i = 0; i < stand_ins.size(); ++i) {
+      if (result.storage().unsafeGetStorageImpl() == stand_ins[i].storage().unsafeGetStorageImpl()) {
+        planned.kind = PlannedTensor::Kind::ViewOfArgument;
+        planned.argument = i;
+        return planned;
+      }
+    }
+    return planned;
+  };
+  Plan plan;
+  for (const c10::IValue& value : stack) {
+    PlannedReturn planned;
+    if (value.isTensor()) {
+      planned.kind = PlannedReturn::Kind::Tensor;
+      planned.tensors.push_back(plan_tensor(value.toTensor()));
+    } else if (value.isTensorList()) {
+      planned.kind = PlannedReturn::Kind::TensorList;
+      for (const at::Tensor& t : value.toTensorList()) {
+        planned.tensors.push_back(plan_tensor(t));
+      }
+    } else if (!value.isNone()) {
+      return std::nullopt;
+    }
+    plan.push_back(std::move(planned));
+  }
+  return plan;
+}
+
+// Plans by op: whether an op may be planned; plans by key. Bounded: a
+// process with ever-changing shapes starts over rather than growing.
+class PlanCache {
+ public:
+  std::optional<Plan> plan(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+    Key key;
+    const bool cacheable = key.encode(op, arguments);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto [judged, inserted] = plannable_.try_emplace(&op.schema(), false);
+      if (inserted) {
+        judged->second = plannable(op);
+      }
+      if (!judged->second) {
+        return std::nullopt;
+      }
+      if (cacheable) {
+        auto found = plans_.find(key);
+        if (found != plans_.end()) {
+          return found->second;
+        }
+      }
+    }
+    std::optional<Plan> planned = plan_with_meta_kernel(op, arguments);
+    if (planned && cacheable) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (plans_.size() >= kMaxPlans) {
+        plans_.clear();
+      }
+      plans_.emplace(std::move(key), *planned);
+    }
+    return planned;
+  }
+
+ private:
+  static constexpr size_t kMaxPlans = 16384;
+  std::mutex mutex_;
+  std::unordered_map<const c10::FunctionSchema*, bool> plannable_;
+  std::unordered_map<Key, Plan, KeyHash> plans_;
+};
+
+PlanCache& plan_cache() {
+  static auto* cache = new PlanCache();
+  return *cache;
+}
+
+bool same_geometry(const at::Tensor& t, const PlannedTensor& planned) {
+  return t.sizes() == c10::IntArrayRef(planned.sizes) && t.strides() == c10::IntArrayRef(planned.strides) &&
+      t.storage_offset() == planned.storage_offset;
+}
+
+// An out= argument the op resizes: its openreg tensor takes the planned
+// geometry now, its storage grown in stream order if needed.
+void resize_argument(const at::Tensor& argument, const PlannedTensor& planned) {
+  TORCH_CHECK(
+      planned.dtype == argument.scalar_type(), "openreg fallback: the Meta kernel changed the dtype of an argument");
+  const size_t needed = at::detail::computeStorageNbytes(
+      planned.sizes, planned.strides, argument.dtype().itemsize(), planned.storage_offset);
+  if (needed > argument.storage().nbytes()) {
+    resize_device_storage(argument.storage(), needed);
+  }
+  argument.unsafeGetTensorImpl()->set_sizes_and_strides(planned.sizes, planned.strides, planned.storage_offset);
+}
+
+at::Tensor materialize(const PlannedTensor& planned, const std::vector<at::Tensor>& arguments, bool& any_new) {
+  switch (planned.kind) {
+    case PlannedTensor::Kind::Undefined:
+      return at::Tensor();
+    case PlannedTensor::Kind::Argument: {
+      const at::Tensor& argument = arguments.at(planned.argument);
+      if (!same_geometry(argument, planned)) {
+        resize_argument(argument, planned);
+      }
+      return argument;
+    }
+    case PlannedTensor::Kind::ViewOfArgument:
+      return alias_of(
+          arguments.at(planned.argument), planned.dtype, planned.sizes, planned.strides, planned.storage_offset);
+    case PlannedTensor::Kind::New:
+      any_new = true;
+      return at::detail::empty_strided_generic(
+          planned.sizes, planned.strides, device_memory_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+          planned.dtype);
+  }
+  TORCH_CHECK(false, "unreachable");
+}
+
+} // namespace
+
+std::optional<PlannedResults> plan_results(
+    const c10::OperatorHandle& op,
+    c10::ArrayRef<c10::IValue> arguments,
+    c10::Device device) {
+  std::optional<Plan> plan = plan_cache().plan(op, arguments);
+  if (!plan) {
+    return std::nullopt;
+  }
+  const std::vector<at::Tensor> tensors = openreg_tensors(arguments);
+  c10::DeviceGuard guard(device);
+  PlannedResults planned;
+  for (const PlannedReturn& ret : *plan) {
+    switch (ret.kind) {
+      case PlannedReturn::Kind::None:
+        planned.results.emplace_back();
+        break;
+      case PlannedReturn::Kind::Tensor:
+        planned.results.emplace_back(materialize(ret.tensors.at(0), tensors, planned.any_fresh));
+        break;
+      case PlannedReturn::Kind::TensorList: {
+        c10::List<at::Tensor> list;
+        for (const PlannedTensor& t : ret.tensors) {
+          list.push_back(materialize(t, tensors, planned.any_fresh));
+        }
+        planned.results.emplace_back(std::move(list));
+        break;
+      }
+    }
+  }
+  return planned;
+}
+
+at::Tensor alias_of(
+    const at::Tensor& original,
+    c10::ScalarType dtype,
+    c10::IntArrayRef sizes,
+    c10::IntArrayRef strides,
+    int64_t storage_offset) {
+  return at::empty({0}, original.options().dtype(dtype)).set_(original.storage(), storage_offset, sizes, strides);
+}
+
+} // namespace openreg
