@@ -86,6 +86,19 @@ int orStreamSynchronize(orStream_t stream);
 int orStreamWaitEvent(orStream_t stream, orEvent_t event);
 int orLaunchHostFunc(orStream_t stream, orHostFn_t fn, void* user_data);
 
+/* Exit of a host that must not be re-entered from stream workers once it
+ * finalizes (CPython: a worker that takes the GIL then is ended, and the
+ * process aborts). The host calls orPrepareHostExit before it finalizes
+ * (torch_openreg does, from a Python atexit handler, without the GIL): it
+ * waits for every stream's queued work, then waits for the releases in
+ * flight and makes every later orKernelReleaseBegin return 0. A host
+ * function that owns what it captured (torch_openreg::launch does) brackets
+ * destroying it with orKernelReleaseBegin() == 1 ... orKernelReleaseEnd(),
+ * and leaks it on 0. Initializes nothing; idempotent. */
+int orPrepareHostExit(void);
+int orKernelReleaseBegin(void);
+void orKernelReleaseEnd(void);
+
 /* Events, created on the current device; recorded only on streams of that
  * device (orErrorInvalidValue otherwise, as cudaEventRecord), waited on by
  * streams of any device (orStreamWaitEvent). */

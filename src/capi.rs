@@ -253,6 +253,28 @@ pub extern "C" fn orLaunchHostFunc(stream: *const c_void, func: Option<HostFn>, 
     })
 }
 
+/// The host process is about to finalize: drains every stream, then makes
+/// `orKernelReleaseBegin` answer 0 (Note [Host exit] in lifecycle.rs).
+#[no_mangle]
+pub extern "C" fn orPrepareHostExit() -> OrError {
+    guarded(|| {
+        crate::lifecycle::prepare_host_exit();
+        Ok(())
+    })
+}
+
+/// 1: a host function may destroy what it captured now (then call
+/// `orKernelReleaseEnd`); 0: the host is exiting, leak it instead.
+#[no_mangle]
+pub extern "C" fn orKernelReleaseBegin() -> c_int {
+    crate::lifecycle::begin_kernel_release() as c_int
+}
+
+#[no_mangle]
+pub extern "C" fn orKernelReleaseEnd() {
+    crate::lifecycle::end_kernel_release()
+}
+
 /// Later work on `stream` waits for the event's recorded point; the stream
 /// may belong to another device than the event (as `cudaStreamWaitEvent`).
 #[no_mangle]

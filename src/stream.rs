@@ -396,6 +396,12 @@ impl DeviceStreams {
         self.streams.iter().try_for_each(StreamQueue::synchronize)
     }
 
+    /// Waits for the work submitted so far on every stream, leaving parked
+    /// failures for the next `synchronize` (Note [Host exit] in lifecycle.rs).
+    pub(crate) fn drain_all(&self) {
+        self.streams.iter().for_each(|s| drop(s.wait_for(s.marker(), false)));
+    }
+
     pub(crate) fn shut_down_all(&self) {
         self.streams.iter().for_each(StreamQueue::shut_down);
     }

@@ -182,6 +182,19 @@ static PyObject* sleep_kernel(PyObject* self, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
+/* _prepare_exit(): registered with atexit when the package is imported, so
+ * CPython runs it before it finalizes: drains every stream and stops kernels
+ * from releasing captures after that (Note [Host exit] in src/lifecycle.rs).
+ * Without the GIL: a kernel's captures may need it to be released. */
+static PyObject* prepare_exit(PyObject* self, PyObject* unused) {
+  int code;
+  Py_BEGIN_ALLOW_THREADS
+  code = orPrepareHostExit();
+  Py_END_ALLOW_THREADS
+  CHECK(code);
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"_device_count", device_count, METH_NOARGS, "Number of openreg devices (never initializes)."},
     {"_get_device", get_device, METH_NOARGS, "This thread's current openreg device."},
@@ -198,6 +211,7 @@ static PyMethodDef methods[] = {
     {"_stream_priority_range", stream_priority_range, METH_NOARGS, "(least, greatest) stream priority."},
     {"_options", options, METH_NOARGS, "The OPENREG_* options in force, as text lines."},
     {"_sleep", sleep_kernel, METH_O, "Queue a kernel that sleeps for the given milliseconds."},
+    {"_prepare_exit", prepare_exit, METH_NOARGS, "At exit: drain the streams before the interpreter finalizes."},
     {"_get_default_generator", openreg_get_default_generator, METH_O, "The default torch.Generator of a device."},
     {NULL, NULL, 0, NULL},
 };

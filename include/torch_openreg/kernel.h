@@ -44,6 +44,13 @@
 // - If the launch itself fails (a bad stream, the runtime shutting down), the
 //   kernel is destroyed unrun and launch throws a c10::Error (a RuntimeError
 //   in Python) carrying the runtime's message.
+// - At exit (Python): kernels queued when the script ends (normally, by
+//   sys.exit or by an uncaught exception) run before the interpreter
+//   finalizes, and their captures are destroyed then. A kernel that runs
+//   once the interpreter is finalizing (queued later by a daemon thread or a
+//   late atexit handler) still runs, but what it captured is leaked instead
+//   of destroyed: a tensor's Python object can no longer be released then.
+//   See orPrepareHostExit in <openreg.h>.
 #pragma once
 
 #include <cstdio>
@@ -111,7 +118,21 @@ inline orStream_t native_stream(const c10::Stream& stream) {
 
 namespace detail {
 
-// orLaunchHostFunc's callback: runs the kernel once, then destroys it (and
+// Destroys a kernel that ran (and what it captured), or leaks it once the
+// host is exiting: destroying a tensor whose Python object must be released
+// would then take the GIL, and CPython ends a thread that does, aborting the
+// process (see orPrepareHostExit in <openreg.h>).
+template <typename Kernel>
+void release(std::unique_ptr<Kernel> kernel) noexcept {
+  if (!orKernelReleaseBegin()) {
+    (void)kernel.release(); // leaked on purpose: the process is ending
+    return;
+  }
+  kernel.reset();
+  orKernelReleaseEnd();
+}
+
+// orLaunchHostFunc's callback: runs the kernel once, then releases it (and
 // what it captured). Nothing may unwind into the runtime.
 template <typename Kernel>
 void run_and_delete(void* data) noexcept {
@@ -123,6 +144,7 @@ void run_and_delete(void* data) noexcept {
   } catch (...) {
     std::fprintf(stderr, "torch_openreg: a kernel launched with torch_openreg::launch threw an unknown exception\n");
   }
+  release(std::move(kernel));
 }
 
 } // namespace detail

@@ -7,6 +7,7 @@ and then wires up the Python side: ``torch.openreg`` and the generated
 ``Tensor.openreg()`` / ``Module.openreg()`` methods.
 """
 
+import atexit
 import ctypes
 import os
 
@@ -30,6 +31,13 @@ _library = ctypes.CDLL(_LIBRARY_PATH, mode=ctypes.RTLD_GLOBAL)
 
 from torch_openreg import _C  # noqa: E402  (needs the library loaded first)
 from torch_openreg import openreg  # noqa: E402
+
+# Before the interpreter finalizes (atexit handlers run first, the latest
+# registered first): queued kernels finish while Python is whole, and a
+# kernel that runs later leaks its captured tensors instead of releasing
+# their Python objects, which would abort the process (Note [Host exit] in
+# src/lifecycle.rs).
+atexit.register(_C._prepare_exit)
 
 
 def library_path() -> str:
