@@ -130,3 +130,40 @@ def test_fallback_views_keep_their_dtype_and_geometry():
     back = torch.view_as_complex(real)
     assert back.dtype == torch.complex64
     torch.testing.assert_close(back.cpu(), z)
+
+
+@pytest.mark.parametrize(
+    "conv, weight_shape",
+    [(F.conv1d, (4, 2, 3)), (F.conv2d, (4, 2, 3, 3)), (F.conv_transpose2d, (2, 4, 3, 3))],
+    ids=["conv1d", "conv2d", "conv_transpose2d"],
+)
+@pytest.mark.parametrize("where", ["weight-openreg:1", "weight-cpu", "bias-openreg:1", "bias-cpu"])
+def test_convolution_checks_every_device_argument(conv, weight_shape, where):
+    """As on CUDA, every tensor of a convolution is on the input's device."""
+    dims = len(weight_shape) - 2
+    x = torch.randn(1, 2, *([6] * dims), device="openreg:0")
+    weight = torch.randn(*weight_shape, device="openreg:0")
+    bias = torch.randn(4, device="openreg:0")
+    what, device = where.split("-")
+    if what == "weight":
+        weight = weight.to(device)
+    else:
+        bias = bias.to(device)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        conv(x, weight, bias)
+
+
+def test_convolution_forward_and_backward_match_cpu_behind_queued_work():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 3, 9, 9), torch.randn(5, 3, 3, 3), torch.randn(5)
+    xd, wd, bd = (t.to("openreg").requires_grad_() for t in (x, w, b))
+    xc, wc, bc = (t.clone().requires_grad_() for t in (x, w, b))
+    _queue_long_work(20)
+    out = F.conv2d(xd, wd, bd, padding=1, stride=2)
+    out.sum().backward()
+    ref = F.conv2d(xc, wc, bc, padding=1, stride=2)
+    ref.sum().backward()
+    torch.testing.assert_close(out.cpu(), ref.detach())
+    for got, want in ((xd, xc), (wd, wc), (bd, bc)):
+        assert got.grad.device == torch.device("openreg:0")
+        torch.testing.assert_close(got.grad.cpu(), want.grad)
