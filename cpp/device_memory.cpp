@@ -1,9 +1,6 @@
 // See device_memory.h.
 #include "torch_openreg/cpp/device_memory.h"
 
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <array>
 #include <cstring>
 #include <memory>
@@ -112,18 +109,8 @@ void resize_device_storage(const c10::Storage& storage, size_t new_bytes) {
   }
 }
 
-namespace {
-
-bool on_main_thread() {
-  static const pid_t main_thread = getpid();
-  thread_local const bool is_main = static_cast<pid_t>(syscall(SYS_gettid)) == main_thread;
-  return is_main;
-}
-
-} // namespace
-
 KernelThreads::KernelThreads() {
-  if (on_main_thread() || omp_get_max_threads == nullptr || omp_set_num_threads == nullptr) {
+  if (omp_get_max_threads == nullptr || omp_set_num_threads == nullptr) {
     return;
   }
   // The first parallel call on a thread sets its team size from ATen's

@@ -84,13 +84,15 @@ class DeviceAccess {
 
 // Note [Kernel threads]: PyTorch's CPU kernels parallelize with OpenMP, and
 // OpenMP gives every thread that opens a parallel region a team of its own.
-// A second team on this machine's cores makes libgomp throttle its spinning
-// for good, and every parallel region of the user's own CPU work then pays
-// futex wake-ups (CPU matmuls ran 2-3x slower for the rest of the process
-// after one backward pass on openreg). So a kernel parallelizes only on the
-// process's main thread; on any other thread (stream workers, autograd's
-// device threads, the user's threads) it runs with a team of one, and the
-// thread's own setting is restored afterwards.
+// Once a second team exists on this machine's cores, libgomp throttles its
+// spinning for good and every parallel region of the user's own CPU work
+// pays futex wake-ups: CPU matmuls ran 2x slower for the rest of the process
+// after one backward pass on openreg, whose kernels ran on stream workers and
+// autograd's device thread. So a device kernel runs with a team of one, on
+// whatever thread it runs (the thread's own setting is restored after it):
+// a stream computes like one core, streams run side by side, and a kernel's
+// rounding (a reduction's split) never depends on which thread ran it, so
+// results are the same run after run whether a kernel ran inline or queued.
 class KernelThreads {
  public:
   KernelThreads();

@@ -34,6 +34,11 @@ pub struct Options {
     /// the available cores. The values never depend on it (Note [Philox
     /// draw layout]); it exists to check exactly that.
     pub random_threads: usize,
+    /// `OPENREG_AUTOGRAD_ON_CALLER` (default 1): under Python, backward of
+    /// openreg graphs runs on the thread that called it, as for CPU tensors,
+    /// instead of autograd's device thread (a hand-off per op). Read by the
+    /// Python package at import.
+    pub autograd_on_caller: bool,
 }
 
 /// Each device's capacity when `OPENREG_DEVICE_MEMORY` is unset.
@@ -60,11 +65,12 @@ impl Options {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Options {
         Options {
             device_count: parse_device_count(lookup("OPENREG_DEVICE_COUNT")),
-            launch_blocking: parse_flag("OPENREG_LAUNCH_BLOCKING", lookup("OPENREG_LAUNCH_BLOCKING")),
+            launch_blocking: parse_flag("OPENREG_LAUNCH_BLOCKING", lookup("OPENREG_LAUNCH_BLOCKING"), false),
             worker_idle_ms: parse_u64("OPENREG_WORKER_IDLE_MS", lookup("OPENREG_WORKER_IDLE_MS"), 1000),
             device_memory: parse_size("OPENREG_DEVICE_MEMORY", lookup("OPENREG_DEVICE_MEMORY"), DEFAULT_DEVICE_MEMORY),
-            memory_protect: parse_flag("OPENREG_MEMORY_PROTECT", lookup("OPENREG_MEMORY_PROTECT")),
+            memory_protect: parse_flag("OPENREG_MEMORY_PROTECT", lookup("OPENREG_MEMORY_PROTECT"), false),
             random_threads: parse_u64("OPENREG_RANDOM_THREADS", lookup("OPENREG_RANDOM_THREADS"), 0).min(1024) as usize,
+            autograd_on_caller: parse_flag("OPENREG_AUTOGRAD_ON_CALLER", lookup("OPENREG_AUTOGRAD_ON_CALLER"), true),
         }
     }
 
@@ -100,6 +106,11 @@ impl Options {
                 value: self.random_threads.to_string(),
                 help: "threads a large random fill uses (0: all cores); results never depend on it",
             },
+            OptionEntry {
+                name: "OPENREG_AUTOGRAD_ON_CALLER",
+                value: (self.autograd_on_caller as u8).to_string(),
+                help: "1: backward runs on the thread that calls it (Python, the importing thread), not autograd's device thread",
+            },
         ]
     }
 }
@@ -118,13 +129,14 @@ fn parse_device_count(raw: Option<String>) -> usize {
     }
 }
 
-fn parse_flag(name: &str, raw: Option<String>) -> bool {
+fn parse_flag(name: &str, raw: Option<String>, default: bool) -> bool {
     match raw.as_deref().map(str::trim) {
-        None | Some("") | Some("0") => false,
+        None | Some("") => default,
+        Some("0") => false,
         Some("1") => true,
         Some(other) => {
-            warn_once(&format!("{name}={other:?} is invalid (expected 0 or 1); using 0"));
-            false
+            warn_once(&format!("{name}={other:?} is invalid (expected 0 or 1); using {}", default as u8));
+            default
         }
     }
 }

@@ -75,4 +75,11 @@ def _register_python_side() -> None:
 
 _register_python_side()
 
+# Backward of openreg graphs on the calling thread, as for CPU tensors (on
+# autograd's device thread, each op would be a hand-off between threads).
+# Autograd's setting is per thread: this is the importing thread's, usually
+# the main thread. OPENREG_AUTOGRAD_ON_CALLER=0 keeps autograd's default.
+if openreg.options()["OPENREG_AUTOGRAD_ON_CALLER"]["value"] == "1":
+    torch.autograd.set_multithreading_enabled(False)  # "can be used as a function"
+
 __all__ = ["library_path", "include_dir"]
