@@ -158,6 +158,15 @@ at::Tensor& zero(at::Tensor& self) {
   return fill_scalar(self, 0);
 }
 
+// A copy's operand keeps the tensor's conjugate and negative bits: the CPU
+// copy_ resolves them (a lazily conjugated source is copied conjugated).
+at::Tensor copy_operand(const at::Tensor& t) {
+  at::Tensor operand = kernel_operand(t);
+  operand.unsafeGetTensorImpl()->_set_conj(t.is_conj());
+  operand.unsafeGetTensorImpl()->_set_neg(t.is_neg());
+  return operand;
+}
+
 // Note [Copies]: a copy runs on the current stream of the openreg device
 // involved (the source's, for openreg→openreg across devices, after the
 // destination device's current stream has reached this point; the
@@ -181,7 +190,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   }
   launch(
       device,
-      [src = kernel_operand(src), dst = kernel_operand(dst)] { dst.copy_(src); },
+      [src = copy_operand(src), dst = copy_operand(dst)] { dst.copy_(src); },
       asynchronous ? launch_mode_for(src.numel()) : ffi::LaunchMode::Wait);
   if (cross_device) {
     checked([&] { ffi::stream_wait_stream(dst.device().index(), device); });
@@ -224,6 +233,15 @@ void register_ops() {
   register_elementwise(*aten);
   register_fallback_kernels(*aten);
   register_random(*aten);
+
+  // The copy handles the conjugate and negative bits itself (copy_operand):
+  // their fallbacks would materialize the source with another copy, which
+  // comes back here, forever.
+  for (auto key : {c10::DispatchKey::Conjugate, c10::DispatchKey::Negative}) {
+    auto* bits = new torch::Library(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
+    bits->impl("_copy_from", torch::CppFunction::makeFallthrough());
+    bits->impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+  }
 
   static auto* all = new torch::Library(
       torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
