@@ -32,6 +32,7 @@
 #include <torch/library.h>
 
 #include "torch_openreg/cpp/device_memory.h"
+#include "torch_openreg/cpp/ivalue_tensors.h"
 #include "torch_openreg/cpp/meta_results.h"
 #include "torch_openreg/src/ffi.rs.h"
 
@@ -47,34 +48,6 @@ bool accepts_cpu_indices(const c10::OperatorName& name) {
 
 bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && a.strides() == b.strides() && a.storage_offset() == b.storage_offset();
-}
-
-// Calls `fn(tensor)` for each defined tensor in `value` (a Tensor, Tensor[]
-// or Tensor?[]) and puts its result in the tensor's place.
-template <typename Fn>
-void map_tensors(c10::IValue& value, Fn&& fn) {
-  if (value.isTensor()) {
-    if (value.toTensor().defined()) {
-      value = fn(value.toTensor());
-    }
-  } else if (value.isTensorList()) {
-    c10::List<at::Tensor> list = value.toTensorList().copy();
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (list.get(i).defined()) {
-        list.set(i, fn(list.get(i)));
-      }
-    }
-    value = list;
-  } else if (value.isOptionalTensorList()) {
-    auto list = value.toOptionalTensorList().copy();
-    for (size_t i = 0; i < list.size(); ++i) {
-      std::optional<at::Tensor> t = list.get(i);
-      if (t.has_value() && t->defined()) {
-        list.set(i, fn(*t));
-      }
-    }
-    value = list;
-  }
 }
 
 // The arguments of one call: where they are on the stack, and their device.
@@ -96,7 +69,7 @@ class Call {
       if (value.isDevice() && value.toDevice().is_privateuseone()) {
         note_device(value.toDevice());
       }
-      map_tensors(value, [&](const at::Tensor& t) {
+      for_each_tensor(value, [&](const at::Tensor& t) {
         if (t.is_privateuseone()) {
           note_device(t.device());
         } else if (t.is_cpu() && written) {
@@ -104,7 +77,6 @@ class Call {
         } else if (t.is_cpu() && t.dim() > 0) {
           host_tensor_ = true;
         }
-        return t;
       });
     }
     if (device_ && (written_host_tensor_ || (host_tensor_ && !accepts_cpu_indices(op.operator_name())))) {
@@ -120,9 +92,8 @@ class Call {
   int64_t largest_operand() {
     int64_t largest = 0;
     for (size_t i = first_arg; i < stack.size(); ++i) {
-      map_tensors(stack[i], [&](const at::Tensor& t) {
+      for_each_tensor(stack[i], [&](const at::Tensor& t) {
         largest = std::max(largest, t.is_privateuseone() ? t.numel() : 0);
-        return t;
       });
     }
     return largest;
@@ -223,9 +194,8 @@ void fill_planned_results(
               computed.size(), " values where its Meta kernel returned ", destinations.size());
   for (size_t i = 0; i < computed.size(); ++i) {
     std::vector<at::Tensor> got, want;
-    c10::IValue got_value = computed[i], want_value = destinations[i];
-    map_tensors(got_value, [&](const at::Tensor& t) { got.push_back(t); return t; });
-    map_tensors(want_value, [&](const at::Tensor& t) { want.push_back(t); return t; });
+    for_each_tensor(computed[i], [&](const at::Tensor& t) { got.push_back(t); });
+    for_each_tensor(destinations[i], [&](const at::Tensor& t) { want.push_back(t); });
     TORCH_CHECK(got.size() == want.size(), "openreg fallback: ", op.operator_name(), " result ", i,
                 " differs from its Meta kernel's");
     for (size_t j = 0; j < got.size(); ++j) {

@@ -14,6 +14,7 @@
 
 #include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/device_memory.h"
+#include "torch_openreg/cpp/ivalue_tensors.h"
 
 namespace openreg {
 namespace {
@@ -63,25 +64,12 @@ bool plannable(const c10::OperatorHandle& op) {
 // The openreg tensor arguments of a call, in stack order (lists flattened).
 std::vector<at::Tensor> openreg_tensors(c10::ArrayRef<c10::IValue> arguments) {
   std::vector<at::Tensor> tensors;
-  const auto add = [&](const at::Tensor& t) {
-    if (t.defined() && t.is_privateuseone()) {
-      tensors.push_back(t);
-    }
-  };
   for (const c10::IValue& value : arguments) {
-    if (value.isTensor()) {
-      add(value.toTensor());
-    } else if (value.isTensorList()) {
-      for (const at::Tensor& t : value.toTensorList()) {
-        add(t);
+    for_each_tensor(value, [&](const at::Tensor& t) {
+      if (t.is_privateuseone()) {
+        tensors.push_back(t);
       }
-    } else if (value.isOptionalTensorList()) {
-      for (const std::optional<at::Tensor>& t : value.toOptionalTensorList()) {
-        if (t.has_value()) {
-          add(*t);
-        }
-      }
-    }
+    });
   }
   return tensors;
 }
@@ -232,7 +220,7 @@ std::optional<Plan> plan_with_meta_kernel(const c10::OperatorHandle& op, c10::Ar
   std::unordered_map<c10::StorageImpl*, c10::Storage> storages;
   std::vector<at::Tensor> stand_ins; // in openreg_tensors order
   const auto stand_in = [&](const at::Tensor& t) -> at::Tensor {
-    if (!t.defined() || !t.is_privateuseone()) {
+    if (!t.is_privateuseone()) {
       return t;
     }
     auto [it, inserted] = storages.try_emplace(t.storage().unsafeGetStorageImpl());
@@ -247,27 +235,12 @@ std::optional<Plan> plan_with_meta_kernel(const c10::OperatorHandle& op, c10::Ar
     stand_ins.emplace_back(std::move(impl));
     return stand_ins.back();
   };
-  torch::jit::Stack stack;
-  for (const c10::IValue& value : arguments) {
+  torch::jit::Stack stack(arguments.begin(), arguments.end());
+  for (c10::IValue& value : stack) {
     if (value.isDevice() && value.toDevice().is_privateuseone()) {
-      stack.emplace_back(c10::Device(c10::kMeta));
-    } else if (value.isTensor()) {
-      stack.emplace_back(stand_in(value.toTensor()));
-    } else if (value.isTensorList()) {
-      c10::List<at::Tensor> list;
-      for (const at::Tensor& t : value.toTensorList()) {
-        list.push_back(stand_in(t));
-      }
-      stack.emplace_back(std::move(list));
-    } else if (value.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> list;
-      for (const std::optional<at::Tensor>& t : value.toOptionalTensorList()) {
-        list.push_back(t.has_value() ? std::optional<at::Tensor>(stand_in(*t)) : std::nullopt);
-      }
-      stack.emplace_back(std::move(list));
-    } else {
-      stack.push_back(value);
+      value = c10::IValue(c10::Device(c10::kMeta));
     }
+    map_tensors(value, stand_in);
   }
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
