@@ -6,18 +6,20 @@
 //  1. Inline: the stream is idle and the operands are small, so the CPU
 //     kernel runs right here as the stream's next work (Note [Inline
 //     launches] in src/stream.rs).
-//  2. Queued: otherwise, if the op has a Meta kernel. The Meta
-//     kernel, run on meta stand-ins of the arguments, tells what the results
-//     are: fresh tensors (sizes, strides, dtype), views of an argument, or
-//     the (possibly resized) out= argument itself. Fresh results and grown
-//     out= storage are allocated now, in stream order; a kernel that runs
-//     the CPU kernel on views and copies fresh results into place is queued,
-//     and the call returns at once.
+//  2. Queued: otherwise, if the op's results are planned (Note [Meta
+//     results]): its Meta kernel, run on stand-ins of arguments of the same
+//     metadata and checked against the CPU kernel once, tells what the
+//     results are: fresh tensors (sizes, strides, dtype), views of an
+//     argument, or the (possibly resized) out= argument itself. Fresh
+//     results and grown out= storage are allocated now, in stream order; a
+//     kernel that runs the CPU kernel on views and copies fresh results into
+//     place is queued, and the call returns at once.
 //  3. Waited: otherwise, when the results cannot be known without
 //     running the op (no Meta kernel; a data-dependent shape, as nonzero's;
 //     a non-tensor result; a generator argument, whose state must advance
-//     at the call). The CPU kernel runs as the stream's next work and the
-//     host waits for it, as CUDA waits for nonzero.
+//     at the call), or the first time a plan is made (the run checks it).
+//     The CPU kernel runs as the stream's next work and the host waits for
+//     it, as CUDA waits for nonzero.
 // After routes 1 and 3 the CPU kernel's results are on the host: results
 // that view an argument are rebuilt as openreg views of its memory, and
 // fresh results (or arguments the CPU kernel moved to fresh memory by
@@ -209,17 +211,10 @@ void fill_planned_results(
   }
 }
 
-// Route 2 (see the Note); false if the Meta kernel cannot tell the results,
-// leaving the stack as it was.
-bool queue_with_meta_results(Call& call, c10::Device device) {
-  std::optional<PlannedResults> planned = plan_results(
-      call.op, c10::ArrayRef<c10::IValue>(call.stack.data() + call.first_arg, call.stack.size() - call.first_arg),
-      device);
-  if (!planned) {
-    return false;
-  }
-  torch::jit::Stack& results = planned->results;
-  if (call.op.schema().is_mutable() || planned->any_fresh) {
+// Route 2 (see the Note) with the planned results.
+void queue_with_planned_results(Call& call, c10::Device device, PlannedResults& planned) {
+  torch::jit::Stack& results = planned.results;
+  if (call.op.schema().is_mutable() || planned.any_fresh) {
     torch::jit::Stack arguments(call.stack.begin() + call.first_arg, call.stack.end());
     for (c10::IValue& value : arguments) {
       if (value.isDevice() && value.toDevice().is_privateuseone()) {
@@ -242,7 +237,6 @@ bool queue_with_meta_results(Call& call, c10::Device device) {
   }
   call.stack.erase(call.stack.begin() + call.first_arg, call.stack.end());
   call.stack.insert(call.stack.end(), results.begin(), results.end());
-  return true;
 }
 
 void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -251,9 +245,18 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   c10::DeviceGuard guard(device);
   if (run_inline(device.index(), call.largest_operand(), [&] { call.run_cpu_kernel_on_views(); })) {
     call.results_to_device(device);
-  } else if (!queue_with_meta_results(call, device)) {
-    run_in_stream_order(device.index(), [&] { call.run_cpu_kernel_on_views(); });
-    call.results_to_device(device);
+    return;
+  }
+  PlanLookup lookup = plan_results(
+      op, c10::ArrayRef<c10::IValue>(call.stack.data() + call.first_arg, call.stack.size() - call.first_arg), device);
+  if (lookup.planned) {
+    queue_with_planned_results(call, device, *lookup.planned);
+    return;
+  }
+  run_in_stream_order(device.index(), [&] { call.run_cpu_kernel_on_views(); });
+  call.results_to_device(device);
+  if (lookup.to_check) {
+    check_plan(*lookup.to_check, c10::ArrayRef<c10::IValue>(call.stack.data() + call.first_arg, call.num_returns));
   }
 }
 

@@ -293,13 +293,34 @@ std::optional<Plan> plan_with_meta_kernel(const c10::OperatorHandle& op, c10::Ar
   return plan;
 }
 
-// Plans by op: whether an op may be planned; plans by key. Bounded: a
+} // namespace
+
+// A plan not yet confirmed by the CPU kernel (see check_plan).
+struct PlanToCheck {
+  Key key;
+  Plan plan;
+};
+
+namespace {
+
+// Plans by op: whether an op may be planned; plans by key, each trusted only
+// once the CPU kernel, run for the same key, gave results of the planned
+// dtypes and shapes (some Meta kernels size an output differently from the
+// CPU kernel: native_batch_norm's saved statistics in eval mode). Bounded: a
 // process with ever-changing shapes starts over rather than growing.
 class PlanCache {
  public:
-  std::optional<Plan> plan(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+  enum class State : uint8_t { Unchecked, Usable, Unusable };
+
+  // A checked plan, or nullopt; `to_check` gets a plan that needs checking.
+  std::optional<Plan> find(
+      const c10::OperatorHandle& op,
+      c10::ArrayRef<c10::IValue> arguments,
+      std::shared_ptr<PlanToCheck>& to_check) {
     Key key;
-    const bool cacheable = key.encode(op, arguments);
+    if (!key.encode(op, arguments)) {
+      return std::nullopt;
+    }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto [judged, inserted] = plannable_.try_emplace(&op.schema(), false);
@@ -309,29 +330,42 @@ class PlanCache {
       if (!judged->second) {
         return std::nullopt;
       }
-      if (cacheable) {
-        auto found = plans_.find(key);
-        if (found != plans_.end()) {
-          return found->second;
+      auto found = plans_.find(key);
+      if (found != plans_.end()) {
+        if (found->second.second == State::Usable) {
+          return found->second.first;
         }
+        if (found->second.second == State::Unchecked) {
+          to_check = std::make_shared<PlanToCheck>(PlanToCheck{std::move(key), found->second.first});
+        }
+        return std::nullopt;
       }
     }
     std::optional<Plan> planned = plan_with_meta_kernel(op, arguments);
-    if (planned && cacheable) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (plans_.size() >= kMaxPlans) {
-        plans_.clear();
-      }
-      plans_.emplace(std::move(key), *planned);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (plans_.size() >= kMaxPlans) {
+      plans_.clear();
     }
-    return planned;
+    if (planned) {
+      to_check = std::make_shared<PlanToCheck>(PlanToCheck{key, *planned});
+    }
+    plans_.emplace(std::move(key), std::make_pair(planned.value_or(Plan()), planned ? State::Unchecked : State::Unusable));
+    return std::nullopt;
+  }
+
+  void settle(const Key& key, bool usable) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = plans_.find(key);
+    if (found != plans_.end() && found->second.second == State::Unchecked) {
+      found->second.second = usable ? State::Usable : State::Unusable;
+    }
   }
 
  private:
   static constexpr size_t kMaxPlans = 16384;
   std::mutex mutex_;
   std::unordered_map<const c10::FunctionSchema*, bool> plannable_;
-  std::unordered_map<Key, Plan, KeyHash> plans_;
+  std::unordered_map<Key, std::pair<Plan, State>, KeyHash> plans_;
 };
 
 PlanCache& plan_cache() {
@@ -382,17 +416,15 @@ at::Tensor materialize(const PlannedTensor& planned, const std::vector<at::Tenso
 
 } // namespace
 
-std::optional<PlannedResults> plan_results(
-    const c10::OperatorHandle& op,
-    c10::ArrayRef<c10::IValue> arguments,
-    c10::Device device) {
-  std::optional<Plan> plan = plan_cache().plan(op, arguments);
+PlanLookup plan_results(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, c10::Device device) {
+  PlanLookup lookup;
+  std::optional<Plan> plan = plan_cache().find(op, arguments, lookup.to_check);
   if (!plan) {
-    return std::nullopt;
+    return lookup;
   }
   const std::vector<at::Tensor> tensors = openreg_tensors(arguments);
   c10::DeviceGuard guard(device);
-  PlannedResults planned;
+  PlannedResults& planned = lookup.planned.emplace();
   for (const PlannedReturn& ret : *plan) {
     switch (ret.kind) {
       case PlannedReturn::Kind::None:
@@ -411,7 +443,40 @@ std::optional<PlannedResults> plan_results(
       }
     }
   }
-  return planned;
+  return lookup;
+}
+
+void check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results) {
+  // A planned tensor matches a result of the same dtype and sizes; a view
+  // (not computed, so not copied) must match its geometry too.
+  const auto matches = [](const PlannedTensor& planned, const at::Tensor& t) {
+    if (planned.kind == PlannedTensor::Kind::Undefined || !t.defined()) {
+      return planned.kind == PlannedTensor::Kind::Undefined && !t.defined();
+    }
+    return planned.dtype == t.scalar_type() && t.sizes() == c10::IntArrayRef(planned.sizes) &&
+        (planned.kind != PlannedTensor::Kind::ViewOfArgument || same_geometry(t, planned));
+  };
+  bool usable = results.size() == check.plan.size();
+  for (size_t i = 0; usable && i < results.size(); ++i) {
+    const PlannedReturn& ret = check.plan[i];
+    const c10::IValue& value = results[i];
+    switch (ret.kind) {
+      case PlannedReturn::Kind::None:
+        usable = value.isNone() || (value.isTensor() && !value.toTensor().defined());
+        break;
+      case PlannedReturn::Kind::Tensor:
+        usable = value.isTensor() && matches(ret.tensors.at(0), value.toTensor());
+        break;
+      case PlannedReturn::Kind::TensorList: {
+        usable = value.isTensorList() && value.toTensorList().size() == ret.tensors.size();
+        for (size_t j = 0; usable && j < ret.tensors.size(); ++j) {
+          usable = matches(ret.tensors[j], value.toTensorList().get(j));
+        }
+        break;
+      }
+    }
+  }
+  plan_cache().settle(check.key, usable);
 }
 
 at::Tensor alias_of(

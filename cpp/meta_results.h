@@ -10,11 +10,14 @@
 // metadata (dtype, geometry, aliasing, device) and non-tensor values (and
 // the default dtype), so it is cached under exactly those: in a Python
 // process most Meta kernels are Python functions costing 0.1-10 ms, and a
-// training loop asks the same questions every step. Ops whose result shapes
+// training loop asks the same questions every step. A plan is trusted only
+// after the CPU kernel, run once for the same key (the call waits for it),
+// gave results of the planned dtypes and shapes. Ops whose result shapes
 // depend on data (nonzero, unique...), that return non-tensors or take a
 // generator are never planned.
 #pragma once
 
+#include <memory>
 #include <optional>
 
 #include <ATen/core/Tensor.h>
@@ -31,14 +34,27 @@ struct PlannedResults {
   bool any_fresh = false;
 };
 
+// A plan made for the arguments of one call, to be checked against the CPU
+// kernel's results before it is trusted.
+struct PlanToCheck;
+
+struct PlanLookup {
+  // The results, when a checked plan exists.
+  std::optional<PlannedResults> planned;
+  // Otherwise maybe a new plan: the caller runs the op itself and passes its
+  // results to check_plan.
+  std::shared_ptr<PlanToCheck> to_check;
+};
+
 // The results of calling `op` on `arguments` (its arguments as on the stack)
-// on `device`; nullopt if they cannot be known without running it. New
-// memory is allocated on the current stream (stream-ordered), and resized
-// arguments grow in stream order (Note [One door] in device_memory.h).
-std::optional<PlannedResults> plan_results(
-    const c10::OperatorHandle& op,
-    c10::ArrayRef<c10::IValue> arguments,
-    c10::Device device);
+// on `device`, if a checked plan knows them. New memory is allocated on the
+// current stream (stream-ordered), and resized arguments grow in stream
+// order (Note [One door] in device_memory.h).
+PlanLookup plan_results(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, c10::Device device);
+
+// Trusts `check`'s plan from now on if the op's openreg `results`, computed
+// by running it, have the planned dtypes and shapes; else never uses it.
+void check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results);
 
 // An openreg view of `original`'s memory with the dtype and geometry given
 // (a view may change the element type: view_as_real).

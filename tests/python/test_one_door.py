@@ -81,9 +81,13 @@ def _queue_long_work(ms=50):
 )
 def test_the_host_does_not_wait_for_queued_work(op):
     """An op queued behind 50 ms of work returns at once, as on CUDA; the
-    value it computes is the one stream order gives."""
+    value it computes is the one stream order gives. (The first call of a
+    fallback op with new argument shapes on a busy stream waits once, to
+    check its planned results: Note [Meta results].)"""
     x = torch.arange(1000, dtype=torch.float32, device="openreg")
     expected = op(x.cpu().clone()).cpu()
+    _queue_long_work(1)
+    op(x.clone())  # plans and checks the op's results for these shapes
     torch.openreg.synchronize()
     _queue_long_work(50)
     start = time.perf_counter()
@@ -167,3 +171,18 @@ def test_convolution_forward_and_backward_match_cpu_behind_queued_work():
     for got, want in ((xd, xc), (wd, wc), (bd, bc)):
         assert got.grad.device == torch.device("openreg:0")
         torch.testing.assert_close(got.grad.cpu(), want.grad)
+
+
+def test_ops_whose_meta_kernel_sizes_an_output_differently_stay_right():
+    """native_batch_norm's Meta kernel sizes the saved statistics of eval
+    mode differently from the CPU kernel: the plan is checked once and then
+    never used, so every call gives CPU's results."""
+    x, mean, var = torch.randn(4, 3), torch.randn(3), torch.rand(3) + 0.5
+    want = torch.native_batch_norm(x, None, None, mean, var, False, 0.1, 1e-5)
+    xd, meand, vard = x.to("openreg"), mean.to("openreg"), var.to("openreg")
+    for _ in range(3):
+        _queue_long_work(1)
+        got = torch.native_batch_norm(xd, None, None, meand, vard, False, 0.1, 1e-5)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            torch.testing.assert_close(g.cpu(), w)
