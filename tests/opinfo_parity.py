@@ -56,8 +56,9 @@ OP_TIMEOUT_S = 60
 
 
 def values_compared(name: str, kwargs: dict) -> bool:
-    """Whether a sample's values are deterministic (dropout in attention is not)."""
-    dropout = kwargs.get("dropout_p", 0.0) or (kwargs.get("dropout", 0.0) if kwargs.get("training", False) else 0.0)
+    """Whether a sample's values are deterministic (attention with dropout,
+    or in training mode, is not)."""
+    dropout = kwargs.get("dropout_p", 0.0) or ("attention" in name and kwargs.get("training", False))
     return not any(r in name for r in VALUE_AGNOSTIC_OPS) and not dropout
 
 
@@ -69,6 +70,8 @@ def to_device(value):
         return type(value)(to_device(v) for v in value)
     if isinstance(value, dict):
         return {k: (DEV if k == "device" else to_device(v)) for k, v in value.items()}
+    if isinstance(value, torch.device) and value.type == "cpu" or value == "cpu":
+        return DEV
     return value
 
 
