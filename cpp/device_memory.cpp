@@ -110,6 +110,7 @@ void resize_device_storage(const c10::Storage& storage, size_t new_bytes) {
 }
 
 KernelThreads::KernelThreads() {
+  static const int team = static_cast<int>(ffi::kernel_threads());
   if (omp_get_max_threads == nullptr || omp_set_num_threads == nullptr) {
     return;
   }
@@ -117,8 +118,8 @@ KernelThreads::KernelThreads() {
   // setting: let that happen before the override, not after it.
   at::get_num_threads();
   saved_ = omp_get_max_threads();
-  if (saved_ > 1) {
-    omp_set_num_threads(1);
+  if (saved_ != team) {
+    omp_set_num_threads(team);
   } else {
     saved_ = 0;
   }

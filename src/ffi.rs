@@ -161,6 +161,8 @@ mod bridge {
         fn memory_info(device: i8) -> Result<MemoryInfo>;
         fn set_memory_fraction(device: i8, fraction: f64) -> Result<()>;
         fn any_device_initialized() -> bool;
+        /// `OPENREG_KERNEL_THREADS` (Note [Kernel threads]).
+        fn kernel_threads() -> usize;
 
         // Pinned host memory.
         fn host_malloc(size: usize) -> Result<usize>;
@@ -475,6 +477,10 @@ fn set_memory_fraction(device: i8, fraction: f64) -> Result<()> {
 
 fn any_device_initialized() -> bool {
     device::existing_contexts().next().is_some()
+}
+
+fn kernel_threads() -> usize {
+    crate::options::get().kernel_threads
 }
 
 fn host_malloc(size: usize) -> Result<usize> {

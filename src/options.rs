@@ -39,6 +39,11 @@ pub struct Options {
     /// instead of autograd's device thread (a hand-off per op). Read by the
     /// Python package at import.
     pub autograd_on_caller: bool,
+    /// `OPENREG_KERNEL_THREADS` (default 1): the OpenMP team size of a device
+    /// kernel, on every thread. Above 1, kernels on stream workers open teams
+    /// of their own, which slows the process's own CPU work (Note [Kernel
+    /// threads] in cpp/device_memory.h).
+    pub kernel_threads: usize,
 }
 
 /// Each device's capacity when `OPENREG_DEVICE_MEMORY` is unset.
@@ -71,6 +76,7 @@ impl Options {
             memory_protect: parse_flag("OPENREG_MEMORY_PROTECT", lookup("OPENREG_MEMORY_PROTECT"), false),
             random_threads: parse_u64("OPENREG_RANDOM_THREADS", lookup("OPENREG_RANDOM_THREADS"), 0).min(1024) as usize,
             autograd_on_caller: parse_flag("OPENREG_AUTOGRAD_ON_CALLER", lookup("OPENREG_AUTOGRAD_ON_CALLER"), true),
+            kernel_threads: parse_u64("OPENREG_KERNEL_THREADS", lookup("OPENREG_KERNEL_THREADS"), 1).clamp(1, 1024) as usize,
         }
     }
 
@@ -110,6 +116,11 @@ impl Options {
                 name: "OPENREG_AUTOGRAD_ON_CALLER",
                 value: (self.autograd_on_caller as u8).to_string(),
                 help: "1: backward runs on the thread that calls it (Python, the importing thread), not autograd's device thread",
+            },
+            OptionEntry {
+                name: "OPENREG_KERNEL_THREADS",
+                value: self.kernel_threads.to_string(),
+                help: "OpenMP threads a device kernel uses (default 1; more slows the process's own CPU work)",
             },
         ]
     }

@@ -82,3 +82,24 @@ def test_backward_runs_on_the_calling_thread():
     y.sum().backward()
     assert threads == [threading.get_ident()]
     torch.testing.assert_close(x.grad.cpu(), torch.full((8,), 2.0))
+
+
+_SAME_ROUNDING = """
+import torch, torch_openreg
+x = torch.randn(60000, generator=torch.Generator().manual_seed(0)).exp().to("openreg")
+torch.openreg.synchronize()
+inline = x.sum()
+torch.openreg._sleep(10)
+queued = x.sum()
+RESULT.update(threads=torch.openreg.options()["OPENREG_KERNEL_THREADS"]["value"],
+              same=bool(torch.equal(inline.cpu(), queued.cpu())))
+done(RESULT)
+"""
+TWO_THREADS = script("kernel_threads_two", _SAME_ROUNDING, env=clean_env(OPENREG_KERNEL_THREADS="2"))
+
+
+@pytest.mark.subprocess
+def test_a_larger_kernel_team_applies_to_every_kernel_alike():
+    data = TWO_THREADS.result().check_ok()
+    assert data["threads"] == "2"
+    assert data["same"], "inline and queued kernels rounded differently"
