@@ -109,6 +109,12 @@ void resize_device_storage(const c10::Storage& storage, size_t new_bytes) {
   }
 }
 
+void grow_device_storage(const c10::Storage& storage, size_t min_bytes) {
+  if (min_bytes > storage.nbytes()) {
+    resize_device_storage(storage, min_bytes);
+  }
+}
+
 KernelThreads::KernelThreads() {
   static const int team = static_cast<int>(ffi::kernel_threads());
   if (omp_get_max_threads == nullptr || omp_set_num_threads == nullptr) {

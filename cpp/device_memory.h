@@ -68,6 +68,9 @@ at::Tensor copy_to_device(const at::Tensor& host, c10::Device device);
 // kernel on the current stream of that device.
 void resize_device_storage(const c10::Storage& storage, size_t new_bytes);
 
+// resize_device_storage to `min_bytes`, if `storage` is smaller.
+void grow_device_storage(const c10::Storage& storage, size_t min_bytes);
+
 // Device memory is accessible to host code while this lives (Note [Memory
 // protection] in src/memory.rs). Free unless OPENREG_MEMORY_PROTECT=1.
 class DeviceAccess {

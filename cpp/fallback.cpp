@@ -74,6 +74,7 @@ class Call {
       for_each_tensor(value, [&](const at::Tensor& t) {
         if (t.is_privateuseone()) {
           note_device(t.device());
+          largest_operand_ = std::max(largest_operand_, t.numel());
         } else if (t.is_cpu() && written) {
           written_host_tensor_ = true;
         } else if (t.is_cpu() && t.dim() > 0) {
@@ -89,16 +90,16 @@ class Call {
     return device_.value_or(c10::Device(c10::kPrivateUse1, ffi::current_device()));
   }
 
-  // The most elements of any openreg tensor argument: a measure of the
-  // op's work, for the choice to run it inline (kInlineKernelElements).
-  int64_t largest_operand() {
-    int64_t largest = 0;
-    for (size_t i = first_arg; i < stack.size(); ++i) {
-      for_each_tensor(stack[i], [&](const at::Tensor& t) {
-        largest = std::max(largest, t.is_privateuseone() ? t.numel() : 0);
-      });
-    }
-    return largest;
+  // The most elements of any openreg tensor argument (after
+  // check_devices): a measure of the op's work, for the choice to run it
+  // inline (kInlineKernelElements).
+  int64_t largest_operand() const {
+    return largest_operand_;
+  }
+
+  // The op's arguments on the stack; once it has run, its results.
+  c10::ArrayRef<c10::IValue> arguments() const {
+    return c10::ArrayRef<c10::IValue>(stack.data() + first_arg, stack.size() - first_arg);
   }
 
   // Routes 1 and 3: the arguments become CPU views (openreg devices become
@@ -107,9 +108,7 @@ class Call {
   void run_cpu_kernel_on_views() {
     for (size_t i = first_arg; i < stack.size(); ++i) {
       c10::IValue& value = stack[i];
-      if (value.isDevice() && value.toDevice().is_privateuseone()) {
-        value = c10::IValue(c10::Device(c10::kCPU));
-      }
+      retarget_device(value, c10::kCPU);
       map_tensors(value, [&](const at::Tensor& t) {
         if (!t.is_privateuseone()) {
           return t;
@@ -171,6 +170,7 @@ class Call {
   }
 
   std::optional<c10::Device> device_;
+  int64_t largest_operand_ = 0;
   bool host_tensor_ = false;
   bool written_host_tensor_ = false;
   std::vector<std::pair<at::Tensor, at::Tensor>> views_; // (CPU view, openreg original)
@@ -217,9 +217,7 @@ void queue_with_planned_results(Call& call, c10::Device device, PlannedResults& 
   if (call.op.schema().is_mutable() || planned.any_fresh) {
     torch::jit::Stack arguments(call.stack.begin() + call.first_arg, call.stack.end());
     for (c10::IValue& value : arguments) {
-      if (value.isDevice() && value.toDevice().is_privateuseone()) {
-        value = c10::IValue(c10::Device(c10::kCPU));
-      }
+      retarget_device(value, c10::kCPU);
       map_tensors(value, [](const at::Tensor& t) { return t.is_privateuseone() ? kernel_operand(t) : host_copy(t); });
     }
     torch::jit::Stack destinations = results;
@@ -247,8 +245,7 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     call.results_to_device(device);
     return;
   }
-  PlanLookup lookup = plan_results(
-      op, c10::ArrayRef<c10::IValue>(call.stack.data() + call.first_arg, call.stack.size() - call.first_arg), device);
+  PlanLookup lookup = plan_results(op, call.arguments(), device);
   if (lookup.planned) {
     queue_with_planned_results(call, device, *lookup.planned);
     return;
@@ -256,7 +253,7 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   run_in_stream_order(device.index(), [&] { call.run_cpu_kernel_on_views(); });
   call.results_to_device(device);
   if (lookup.to_check) {
-    check_plan(*lookup.to_check, c10::ArrayRef<c10::IValue>(call.stack.data() + call.first_arg, call.num_returns));
+    check_plan(*lookup.to_check, call.arguments());
   }
 }
 

@@ -30,6 +30,13 @@ void for_each_tensor(const c10::IValue& value, Fn&& fn) {
   }
 }
 
+// An openreg device argument becomes `type` (a kernel's CPU or Meta run).
+inline void retarget_device(c10::IValue& value, c10::DeviceType type) {
+  if (value.isDevice() && value.toDevice().is_privateuseone()) {
+    value = c10::IValue(c10::Device(type));
+  }
+}
+
 // Puts `fn(tensor)` in the place of each defined tensor in `value` (a list
 // is rebuilt: the caller's list is not changed).
 template <typename Fn>

@@ -237,9 +237,7 @@ std::optional<Plan> plan_with_meta_kernel(const c10::OperatorHandle& op, c10::Ar
   };
   torch::jit::Stack stack(arguments.begin(), arguments.end());
   for (c10::IValue& value : stack) {
-    if (value.isDevice() && value.toDevice().is_privateuseone()) {
-      value = c10::IValue(c10::Device(c10::kMeta));
-    }
+    retarget_device(value, c10::kMeta);
     map_tensors(value, stand_in);
   }
   try {
@@ -317,19 +315,15 @@ class PlanCache {
       const c10::OperatorHandle& op,
       c10::ArrayRef<c10::IValue> arguments,
       std::shared_ptr<PlanToCheck>& to_check) {
+    if (!is_plannable(op)) {
+      return std::nullopt;
+    }
     Key key;
     if (!key.encode(op, arguments)) {
       return std::nullopt;
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      auto [judged, inserted] = plannable_.try_emplace(&op.schema(), false);
-      if (inserted) {
-        judged->second = plannable(op);
-      }
-      if (!judged->second) {
-        return std::nullopt;
-      }
       auto found = plans_.find(key);
       if (found != plans_.end()) {
         if (found->second.second == State::Usable) {
@@ -351,6 +345,15 @@ class PlanCache {
     }
     plans_.emplace(std::move(key), std::make_pair(planned.value_or(Plan()), planned ? State::Unchecked : State::Unusable));
     return std::nullopt;
+  }
+
+  bool is_plannable(const c10::OperatorHandle& op) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto [judged, inserted] = plannable_.try_emplace(&op.schema(), false);
+    if (inserted) {
+      judged->second = plannable(op);
+    }
+    return judged->second;
   }
 
   void settle(const Key& key, bool usable) {
@@ -383,11 +386,9 @@ bool same_geometry(const at::Tensor& t, const PlannedTensor& planned) {
 void resize_argument(const at::Tensor& argument, const PlannedTensor& planned) {
   TORCH_CHECK(
       planned.dtype == argument.scalar_type(), "openreg fallback: the Meta kernel changed the dtype of an argument");
-  const size_t needed = at::detail::computeStorageNbytes(
-      planned.sizes, planned.strides, argument.dtype().itemsize(), planned.storage_offset);
-  if (needed > argument.storage().nbytes()) {
-    resize_device_storage(argument.storage(), needed);
-  }
+  grow_device_storage(
+      argument.storage(),
+      at::detail::computeStorageNbytes(planned.sizes, planned.strides, argument.dtype().itemsize(), planned.storage_offset));
   argument.unsafeGetTensorImpl()->set_sizes_and_strides(planned.sizes, planned.strides, planned.storage_offset);
 }
 

@@ -100,10 +100,8 @@ const at::Tensor& resize_(
       std::all_of(size.begin(), size.end(), [](int64_t s) { return s >= 0; }),
       "Trying to create tensor with negative dimension: ", size);
   if (self.has_storage()) {
-    const size_t needed = at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(), self.storage_offset());
-    if (needed > self.storage().nbytes()) {
-      resize_device_storage(self.storage(), needed);
-    }
+    grow_device_storage(
+        self.storage(), at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(), self.storage_offset()));
   }
   return at::native::resize_(self, size, memory_format);
 }
@@ -129,10 +127,7 @@ at::Tensor& set_source_storage_offset(
   // (A negative offset or size is reported by set_storage_cpu_ below.)
   if (storage_offset >= 0 && size.size() == stride.size() &&
       std::all_of(size.begin(), size.end(), [](int64_t s) { return s >= 0; })) {
-    const size_t needed = at::detail::computeStorageNbytes(size, stride, self.dtype().itemsize(), storage_offset);
-    if (needed > source.nbytes()) {
-      resize_device_storage(source, needed);
-    }
+    grow_device_storage(source, at::detail::computeStorageNbytes(size, stride, self.dtype().itemsize(), storage_offset));
   }
   return at::native::set_storage_cpu_(self, std::move(source), storage_offset, size, stride);
 }
