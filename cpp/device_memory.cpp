@@ -38,6 +38,8 @@ at::Tensor cpu_view(const at::Tensor& t) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(
       std::move(alias), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  impl->_set_conj(t.is_conj());
+  impl->_set_neg(t.is_neg());
   return at::Tensor(std::move(impl));
 }
 
@@ -55,6 +57,8 @@ at::Tensor scratch_cpu_view(const at::Tensor& t, size_t slot) {
   alias->set_nbytes(storage.nbytes());
   impl->set_storage_and_dtype(impl->storage(), t.dtype());
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  impl->_set_conj(t.is_conj());
+  impl->_set_neg(t.is_neg());
   return at::Tensor(impl);
 }
 

@@ -14,7 +14,9 @@
 namespace openreg {
 
 // A CPU tensor over the same bytes as the openreg tensor `t` (same storage
-// range, offset, sizes, strides, dtype). It does not own the memory: keep `t`
+// range, offset, sizes, strides, dtype, and the same lazy conjugate and
+// negative bits, so a CPU kernel reads it as it would read `t`: matmul and
+// copy_ resolve the bits themselves). It does not own the memory: keep `t`
 // alive while the view is used. A CPU kernel may still resize it (an out=
 // argument of the wrong size): it then moves to fresh CPU memory, which the
 // caller must carry back to the device (see Note [Fallback]).

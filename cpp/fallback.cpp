@@ -139,22 +139,38 @@ class Call {
     if (!result.is_cpu()) {
       return result;
     }
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        result.layout() == c10::kStrided, "sparse layouts are not supported on openreg: ", op.operator_name(),
+        " returned a ", result.layout(), " tensor");
     for (const auto& [view, original] : views_) {
       if (result.unsafeGetTensorImpl() == view.unsafeGetTensorImpl()) {
         if (view.storage().data() != original.storage().data()) {
-          // The CPU kernel resized the argument into fresh CPU memory.
-          const_cast<at::Tensor&>(original).set_(copy_to_device(view, original.device()));
+          // The CPU kernel resized the argument into fresh CPU memory. Its
+          // bytes move as they are: `original` keeps its own conjugate and
+          // negative bits, which a copy of `view` would resolve.
+          at::Tensor bytes = view.detach();
+          bytes.unsafeGetTensorImpl()->_set_conj(false);
+          bytes.unsafeGetTensorImpl()->_set_neg(false);
+          const_cast<at::Tensor&>(original).set_(copy_to_device(bytes, original.device()));
         } else if (!same_geometry(view, original)) {
           // Resized within its storage (an out= that shrank).
           const_cast<at::Tensor&>(original).set_(
               original.storage(), view.storage_offset(), view.sizes(), view.strides());
         }
+        // A kernel may conjugate or negate an out= argument lazily, by its
+        // bit (linalg_lu_solve with left=False does).
+        original.unsafeGetTensorImpl()->_set_conj(view.is_conj());
+        original.unsafeGetTensorImpl()->_set_neg(view.is_neg());
         return original;
       }
     }
     for (const auto& [view, original] : views_) {
       if (result.storage().data() == view.storage().data() && result.storage().nbytes() > 0) {
-        return alias_of(original, result.scalar_type(), result.sizes(), result.strides(), result.storage_offset());
+        at::Tensor alias =
+            alias_of(original, result.scalar_type(), result.sizes(), result.strides(), result.storage_offset());
+        alias.unsafeGetTensorImpl()->_set_conj(result.is_conj());
+        alias.unsafeGetTensorImpl()->_set_neg(result.is_neg());
+        return alias;
       }
     }
     return copy_to_device(result, device);
@@ -263,16 +279,60 @@ void register_fallback(torch::Library& library) {
   library.fallback(torch::CppFunction::makeFromBoxedFunction<&run_on_cpu_views>());
 }
 
-// A structured op without an openreg kernel runs PyTorch's default-backend
-// composite (CompositeExplicitAutogradNonFunctional), which outranks a
-// fallback: its meta function on the device, then the out= variant here.
-// That is right for most ops, but the loss functions' meta functions shrink
-// the output to 0-dim after sizing it, so the out= call resizes it back and
-// warns "An output with one or more elements was resized", which CPU never
-// does. Their functional forms go straight to the fallback instead.
+// Sparse layouts (COO, CSR/CSC/BSR/BSC) have no openreg kernels: every op
+// that reaches their dispatch keys says so by name, instead of PyTorch's
+// generic "Could not run ... 'Sparseopenreg' backend".
+void reject_sparse(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, "sparse layouts are not supported on openreg (", op.operator_name(),
+      "); keep sparse tensors on the CPU or convert them with to_dense() first");
+}
+
+void register_sparse_rejection(torch::Library& library) {
+  library.fallback(torch::CppFunction::makeFromBoxedFunction<&reject_sparse>());
+}
+
+// Note [Composites that differ from CPU]
+// PyTorch's dispatcher prefers an op's default-backend composite kernel
+// (CompositeExplicitAutograd[NonFunctional]) to a backend fallback, so an op
+// without an openreg kernel does not always reach the fallback.
+//  - Structured ops (CompositeExplicitAutogradNonFunctional): the composite
+//    runs the meta function on the device, then the out= variant, which
+//    reaches the fallback: the CPU kernel computes, as on CPU. The loss
+//    functions are the exception: their meta functions shrink the output to
+//    0-dim after sizing it, so the out= call resizes it back and warns "An
+//    output with one or more elements was resized", which CPU never does.
+//    Their functional forms go straight to the fallback.
+//  - Ops with their own CPU kernel and a CompositeExplicitAutograd kernel
+//    (native_layer_norm, native_group_norm, addr, ...): the composite is a
+//    different algorithm (math_native_layer_norm computes mean and variance
+//    by other reductions), so results differ from CPU beyond float16
+//    tolerance. Every such op is found in the dispatcher at registration and
+//    sent to the fallback, i.e. to its CPU kernel.
 void register_fallback_kernels(torch::Library& aten) {
+  auto to_fallback = [&aten](const std::string& name) {
+    aten.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_on_cpu_views>());
+  };
   for (const char* op : {"mse_loss", "smooth_l1_loss"}) {
-    aten.impl(op, torch::CppFunction::makeFromBoxedFunction<&run_on_cpu_views>());
+    to_fallback(op);
+  }
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& op_name : dispatcher.getAllOpNames()) {
+    constexpr std::string_view kAten = "aten::";
+    if (op_name.name.rfind(kAten, 0) != 0) {
+      continue;
+    }
+    auto op = dispatcher.findOp(op_name);
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      continue;
+    }
+    std::string name = op_name.name.substr(kAten.size());
+    if (!op_name.overload_name.empty()) {
+      name += "." + op_name.overload_name;
+    }
+    to_fallback(name);
   }
 }
 

@@ -274,6 +274,11 @@ std::optional<Plan> plan_with_meta_kernel(const c10::OperatorHandle& op, c10::Ar
   };
   Plan plan;
   for (const c10::IValue& value : stack) {
+    bool strided = true;
+    for_each_tensor(value, [&](const at::Tensor& t) { strided = strided && t.layout() == c10::kStrided; });
+    if (!strided) {
+      return std::nullopt; // sparse results are refused by the CPU run (Note [Fallback])
+    }
     PlannedReturn planned;
     if (value.isTensor()) {
       planned.kind = PlannedReturn::Kind::Tensor;
@@ -419,6 +424,17 @@ at::Tensor materialize(const PlannedTensor& planned, const std::vector<at::Tenso
 
 PlanLookup plan_results(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, c10::Device device) {
   PlanLookup lookup;
+  // Ops that reach the fallback with lazily conjugated or negated operands
+  // (matmul, views: the Conjugate and Negative fallbacks let them through)
+  // read the bits in the CPU kernel; a Meta stand-in does not carry them,
+  // so it cannot say which bits a view result has. They run unplanned.
+  bool lazy_bits = false;
+  for (const at::Tensor& t : openreg_tensors(arguments)) {
+    lazy_bits = lazy_bits || t.is_conj() || t.is_neg();
+  }
+  if (lazy_bits) {
+    return lookup;
+  }
   std::optional<Plan> plan = plan_cache().find(op, arguments, lookup.to_check);
   if (!plan) {
     return lookup;
@@ -449,12 +465,16 @@ PlanLookup plan_results(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
 
 void check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results) {
   // A planned tensor matches a result of the same dtype and sizes; a view
-  // (not computed, so not copied) must match its geometry too.
+  // (not computed, so not copied) must match its geometry too. A result
+  // with a lazy conjugate or negative bit (linalg_lu_solve(left=False)
+  // conjugates its out= argument by flipping the bit) has no plan: the
+  // queued kernel's CPU view could not hand the bit back.
   const auto matches = [](const PlannedTensor& planned, const at::Tensor& t) {
     if (planned.kind == PlannedTensor::Kind::Undefined || !t.defined()) {
       return planned.kind == PlannedTensor::Kind::Undefined && !t.defined();
     }
-    return planned.dtype == t.scalar_type() && t.sizes() == c10::IntArrayRef(planned.sizes) &&
+    return planned.dtype == t.scalar_type() && t.sizes() == c10::IntArrayRef(planned.sizes) && !t.is_conj() &&
+        !t.is_neg() &&
         (planned.kind != PlannedTensor::Kind::ViewOfArgument || same_geometry(t, planned));
   };
   bool usable = results.size() == check.plan.size();

@@ -22,6 +22,7 @@
 namespace openreg {
 
 void register_fallback(torch::Library& library);
+void register_sparse_rejection(torch::Library& library);
 void register_fallback_kernels(torch::Library& aten);
 void register_convolution(torch::Library& aten);
 void register_elementwise(torch::Library& aten);
@@ -153,15 +154,6 @@ at::Tensor& zero(at::Tensor& self) {
   return fill_scalar(self, 0);
 }
 
-// A copy's operand keeps the tensor's conjugate and negative bits: the CPU
-// copy_ resolves them (a lazily conjugated source is copied conjugated).
-at::Tensor copy_operand(const at::Tensor& t) {
-  at::Tensor operand = kernel_operand(t);
-  operand.unsafeGetTensorImpl()->_set_conj(t.is_conj());
-  operand.unsafeGetTensorImpl()->_set_neg(t.is_neg());
-  return operand;
-}
-
 // Note [Copies]: a copy runs on the current stream of the openreg device
 // involved (the source's, for openreg→openreg across devices, after the
 // destination device's current stream has reached this point; the
@@ -185,7 +177,9 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   }
   launch(
       device,
-      [src = copy_operand(src), dst = copy_operand(dst)] { dst.copy_(src); },
+      // The operands keep the conjugate and negative bits (cpu_view): the CPU
+      // copy_ resolves them (a lazily conjugated source is copied conjugated).
+      [src = kernel_operand(src), dst = kernel_operand(dst)] { dst.copy_(src); },
       asynchronous ? launch_mode_for(src.numel()) : ffi::LaunchMode::Wait);
   if (cross_device) {
     checked([&] { ffi::stream_wait_stream(dst.device().index(), device); });
@@ -226,10 +220,11 @@ void register_ops() {
   aten->impl("record_stream", TORCH_FN(record_stream));
   register_convolution(*aten);
   register_elementwise(*aten);
-  register_fallback_kernels(*aten);
   register_random(*aten);
+  // Last: it sends ops that have no openreg kernel by now to the fallback.
+  register_fallback_kernels(*aten);
 
-  // The copy handles the conjugate and negative bits itself (copy_operand):
+  // The copy handles the conjugate and negative bits itself (cpu_view):
   // their fallbacks would materialize the source with another copy, which
   // comes back here, forever.
   for (auto key : {c10::DispatchKey::Conjugate, c10::DispatchKey::Negative}) {
@@ -241,6 +236,9 @@ void register_ops() {
   static auto* all = new torch::Library(
       torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   register_fallback(*all);
+  for (auto key : {c10::DispatchKey::SparsePrivateUse1, c10::DispatchKey::SparseCsrPrivateUse1}) {
+    register_sparse_rejection(*new torch::Library(torch::Library::IMPL, "_", key, __FILE__, __LINE__));
+  }
 }
 
 } // namespace openreg

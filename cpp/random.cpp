@@ -8,6 +8,8 @@
 // decompose into empty + these in-place kernels; dropout reaches
 // native_dropout; multinomial and the functional normal overloads compose
 // them with ordinary device ops.
+#include <cmath>
+
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
@@ -76,12 +78,25 @@ at::Tensor& generate_float(at::Tensor& self, ffi::RandomKind kind, double a, dou
   return generate(self, ffi::RandomFill{kind, float_element(self), a, b, 0, 0}, gen);
 }
 
+// Complex tensors are filled as PyTorch fills them: their real view, real
+// and imaginary parts drawn alike; a complex normal's variance is split
+// evenly between the two parts.
 at::Tensor& uniform_(at::Tensor& self, double from, double to, Gen gen) {
+  if (self.is_complex()) {
+    at::Tensor parts = at::view_as_real(self);
+    generate_float(parts, ffi::RandomKind::Uniform, from, to, gen);
+    return self;
+  }
   check_floating(self, "uniform_");
   return generate_float(self, ffi::RandomKind::Uniform, from, to, gen);
 }
 
 at::Tensor& normal_(at::Tensor& self, double mean, double std, Gen gen) {
+  if (self.is_complex()) {
+    at::Tensor parts = at::view_as_real(self);
+    generate_float(parts, ffi::RandomKind::Normal, mean, std / std::sqrt(2.0), gen);
+    return self;
+  }
   check_floating(self, "normal_");
   return generate_float(self, ffi::RandomKind::Normal, mean, std, gen);
 }

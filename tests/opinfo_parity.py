@@ -11,10 +11,13 @@ fallback takes its queued route (results planned by Meta kernels, Note
   python3 tests/opinfo_parity.py                       # every op, float32
   python3 tests/opinfo_parity.py --dtypes all --busy   # the full sweep
   python3 tests/opinfo_parity.py --ops sin,conj --dtypes complex64 -v
+  python3 tests/opinfo_parity.py --dtypes all --backward   # with one backward sample per op
 
 The parent never touches the openreg device (a fork of an initialized process
-is refused, as with CUDA); children do. Prints one line per failing op and a
-closing 'N passed, N failed' line; exits 1 if any op failed.
+is refused, as with CUDA); children do. Prints one line per failing op (and per
+op that raises openreg's documented "not supported on openreg" error, for
+sparse layouts) and a closing 'N passed, N failed, N unsupported' line;
+exits 1 if any op failed.
 """
 
 from __future__ import annotations
@@ -62,17 +65,48 @@ def values_compared(name: str, kwargs: dict) -> bool:
     return not any(r in name for r in VALUE_AGNOSTIC_OPS) and not dropout
 
 
-def to_device(value):
-    """A sample's tensors, and its `device=` arguments, on openreg."""
+def to_device(value, placement=None):
+    """A sample's tensors, and its `device=` arguments, on openreg.
+
+    `placement` is the same sample generated for the meta device: a tensor
+    the sample generator kept on the host there (a CPU index tensor, as
+    tensor_split's) stays on the host here, as in PyTorch's own device
+    tests. A view keeps its storage: the whole storage moves and the view is
+    rebuilt with the same geometry, so ops that read outside the view
+    (as_strided on a partial view) see the same elements as on CPU."""
     if isinstance(value, torch.Tensor):
-        return value.detach().to(DEV).requires_grad_(value.requires_grad)
+        if placement is not None and isinstance(placement, torch.Tensor) and placement.device.type == "cpu":
+            return value
+        return tensor_to_device(value)
     if isinstance(value, (list, tuple)):
-        return type(value)(to_device(v) for v in value)
+        places = placement if isinstance(placement, (list, tuple)) and len(placement) == len(value) else [None] * len(value)
+        return type(value)(to_device(v, p) for v, p in zip(value, places))
     if isinstance(value, dict):
-        return {k: (DEV if k == "device" else to_device(v)) for k, v in value.items()}
+        places = placement if isinstance(placement, dict) else {}
+        return {k: (DEV if k == "device" else to_device(v, places.get(k))) for k, v in value.items()}
     if isinstance(value, torch.device) and value.type == "cpu" or value == "cpu":
         return DEV
     return value
+
+
+def tensor_to_device(t: torch.Tensor) -> torch.Tensor:
+    is_view = t.layout == torch.strided and (t.storage_offset() != 0 or not t.is_contiguous())
+    if not is_view or t.is_conj() or t.is_neg() or t.dtype in (torch.complex32,):
+        return t.detach().to(DEV).requires_grad_(t.requires_grad)
+    whole = t.detach().as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
+    moved = whole.to(DEV).as_strided(t.shape, t.stride(), t.storage_offset())
+    return moved.requires_grad_(t.requires_grad)
+
+
+def meta_samples(op, dtype, requires_grad: bool):
+    """The op's samples generated for the meta device, or Nones where that
+    generation fails (placement unknown: every tensor moves)."""
+    try:
+        yield from op.sample_inputs("meta", dtype, requires_grad=requires_grad)
+    except Exception:
+        pass
+    while True:
+        yield None
 
 
 def to_host(value):
@@ -100,35 +134,118 @@ def compare(got, want, exact_values: bool):
         torch.testing.assert_close(got, want, equal_nan=True)
 
 
+class Unsupported(Exception):
+    """openreg raised its documented "not supported on openreg" error."""
+
+
+def moved_sample(sample, placement):
+    if placement is None:
+        return to_device(sample.input), to_device(sample.args), to_device(sample.kwargs)
+    return (
+        to_device(sample.input, placement.input),
+        to_device(sample.args, placement.args),
+        to_device(sample.kwargs, placement.kwargs),
+    )
+
+
+def call_on_device(op, *args, **kwargs):
+    try:
+        return op(*args, **kwargs)
+    except NotImplementedError as e:
+        if "not supported on openreg" in str(e):
+            raise Unsupported(str(e).splitlines()[0]) from None
+        raise
+
+
 def run_op(op, dtype, busy: bool) -> None:
     """Raises on the first sample where openreg differs from CPU."""
-    for i, sample in enumerate(op.sample_inputs("cpu", dtype, requires_grad=False)):
+    samples = op.sample_inputs("cpu", dtype, requires_grad=False)
+    for i, (sample, placement) in enumerate(zip(samples, meta_samples(op, dtype, False))):
         if i >= SAMPLES_PER_OP:
             break
         try:
             want = op(sample.input, *sample.args, **sample.kwargs)
         except Exception:
             continue  # CPU itself rejects the sample
-        dev_input, dev_args, dev_kwargs = to_device(sample.input), to_device(sample.args), to_device(sample.kwargs)
+        dev_input, dev_args, dev_kwargs = moved_sample(sample, placement)
         if busy:
             torch.openreg._sleep(1)
-        got = op(dev_input, *dev_args, **dev_kwargs)
+        got = call_on_device(op, dev_input, *dev_args, **dev_kwargs)
         try:
             compare(got, want, values_compared(op.name, sample.kwargs))
         except AssertionError as e:
             raise AssertionError(f"sample {i}: {str(e).splitlines()[0]}") from None
 
 
-def in_child(op, dtype, busy: bool) -> str:
-    """'ok', or what went wrong, from a forked child."""
+def differentiable_outputs(value):
+    return [t for t in flatten(value) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def flatten(value):
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in flatten(v)]
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in flatten(v)]
+    return [value]
+
+
+def gradients(op, sample_input, args, kwargs, process, grad_seed: int):
+    """The gradients of the sample's inputs that require grad, for output
+    gradients drawn on the CPU from `grad_seed`; None where unused."""
+    out = process(op(sample_input, *args, **kwargs))
+    outs = differentiable_outputs(out)
+    leaves = [t for t in flatten([sample_input, args, kwargs]) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not outs or not leaves:
+        return None
+    generator = torch.Generator().manual_seed(grad_seed)
+    grad_outputs = [torch.randn(o.shape, dtype=o.dtype, generator=generator).to(o.device) for o in outs]
+    return torch.autograd.grad(outs, leaves, grad_outputs, allow_unused=True)
+
+
+def run_backward(op, dtype) -> None:
+    """The first differentiable sample's input gradients equal CPU's."""
+    if not op.supports_autograd or not values_compared(op.name, {}):
+        return
+    samples = op.sample_inputs("cpu", dtype, requires_grad=True)
+    for i, (sample, placement) in enumerate(zip(samples, meta_samples(op, dtype, True))):
+        if i >= SAMPLES_PER_OP:
+            return
+        process = sample.output_process_fn_grad
+        try:
+            want = gradients(op, sample.input, sample.args, sample.kwargs, process, grad_seed=i)
+        except Exception:
+            continue  # CPU rejects the sample or its backward
+        if want is None or not values_compared(op.name, sample.kwargs):
+            continue
+        dev_input, dev_args, dev_kwargs = moved_sample(sample, placement)
+        got = gradients(
+            lambda *a, **k: call_on_device(op, *a, **k), dev_input, dev_args, dev_kwargs, process, grad_seed=i
+        )
+        try:
+            assert got is not None, "no differentiable output on openreg"
+            for g, w in zip(got, want):
+                assert (g is None) == (w is None), "a gradient is missing on one side"
+                if w is not None:
+                    compare(g, w, exact_values=True)
+        except AssertionError as e:
+            raise AssertionError(f"backward sample {i}: {str(e).splitlines()[0]}") from None
+        return
+
+
+def in_child(op, dtype, busy: bool, backward: bool) -> str:
+    """'ok', 'unsupported: why', or what went wrong, from a forked child."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
         try:
             run_op(op, dtype, busy)
+            if backward:
+                run_backward(op, dtype)
             torch.openreg.synchronize()
             msg = "ok"
+        except Unsupported as e:
+            msg = f"unsupported: {e}"[:300]
         except BaseException as e:  # noqa: B902
             msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
         os.write(w, msg.encode())
@@ -158,29 +275,43 @@ def main() -> int:
     parser.add_argument("--dtypes", default="float32", help="comma-separated, or 'all'")
     parser.add_argument("--ops", default="", help="comma-separated op names (default: all)")
     parser.add_argument("--busy", action="store_true", help="run each openreg sample behind a queued kernel")
+    parser.add_argument("--backward", action="store_true", help="also compare one backward sample per op")
+    parser.add_argument(
+        "--rotate", action="store_true",
+        help="a representative subset: the k-th of n dtypes runs every n-th op of op_db from the k-th",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()
     dtypes = list(DTYPES) if args.dtypes == "all" else args.dtypes.split(",")
     wanted = set(args.ops.split(",")) if args.ops else None
-    passed = failed = 0
-    for name in dtypes:
+    passed = failed = unsupported = 0
+    for k, name in enumerate(dtypes):
         dtype = DTYPES[name]
-        ops = [op for op in op_db if (wanted is None or op.name in wanted) and op.supports_dtype(dtype, "cpu")]
+        ops = [
+            op for index, op in enumerate(op_db)
+            if (wanted is None or op.name in wanted)
+            and (not args.rotate or index % len(dtypes) == k)
+            and op.supports_dtype(dtype, "cpu")
+        ]
         start = time.monotonic()
         dtype_failed = 0
         for op in ops:
-            outcome = in_child(op, dtype, args.busy)
+            outcome = in_child(op, dtype, args.busy, args.backward)
+            label = f"{name:10} {op.name}.{op.variant_test_name}"
             if outcome == "ok":
                 passed += 1
                 if args.verbose:
-                    print(f"ok   {name:10} {op.name}.{op.variant_test_name}")
+                    print(f"ok   {label}")
+            elif outcome.startswith("unsupported: "):
+                unsupported += 1
+                print(f"UNSUPPORTED {label}: {outcome[len('unsupported: '):]}")
             else:
                 failed += 1
                 dtype_failed += 1
-                print(f"FAIL {name:10} {op.name}.{op.variant_test_name}: {outcome}")
+                print(f"FAIL {label}: {outcome}")
         print(f"-- {name}: {len(ops) - dtype_failed} of {len(ops)} ops clean ({time.monotonic() - start:.0f} s)")
         sys.stdout.flush()
-    print(f"{passed} passed, {failed} failed")
+    print(f"{passed} passed, {failed} failed, {unsupported} unsupported on openreg")
     return 1 if failed else 0
 
 
