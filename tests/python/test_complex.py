@@ -29,6 +29,12 @@ def z():
         pytest.param(lambda t: t.imag, id="imag"),
         pytest.param(lambda t: torch.view_as_complex(torch.view_as_real(t).contiguous()), id="view_as_complex"),
         pytest.param(lambda t: t.conj().resolve_conj() * 2, id="resolve_conj"),
+        # The CPU kernel reads a lazily conjugated operand itself (cpu_view
+        # carries the bits).
+        pytest.param(lambda t: t @ t.mH, id="matmul-mH"),
+        pytest.param(lambda t: torch.mm(t.mT, t.conj()), id="mm-conj"),
+        pytest.param(lambda t: torch.cov(t), id="cov"),
+        pytest.param(lambda t: torch.corrcoef(t), id="corrcoef"),
     ],
 )
 def test_complex_ops_match_cpu(z, op):
@@ -48,3 +54,35 @@ def test_dtype_changing_views_alias_the_device_memory(z):
     want[0, 0] = complex(100.0, z[0, 0].imag.item())
     want[1, 1] = complex(z[1, 1].real.item(), -5.0)
     torch.testing.assert_close(d.cpu(), want)
+
+
+@pytest.mark.parametrize("left", [True, False])
+@pytest.mark.parametrize("adjoint", [True, False])
+def test_lu_solve_conjugates_its_result_by_the_bit_as_on_cpu(left, adjoint):
+    # left=False solves A^H X^H = B^H and hands back X by flipping the out=
+    # tensor's conjugate bit inside the CPU kernel.
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(3, 3, dtype=torch.complex64, generator=g)
+    b = torch.randn(3, 4, dtype=torch.complex64, generator=g)
+    b = b if left else b.mT.contiguous()
+    lu, pivots = torch.linalg.lu_factor(a)
+    want = torch.linalg.lu_solve(lu, pivots, b, left=left, adjoint=adjoint)
+    got = torch.linalg.lu_solve(lu.to(DEV), pivots.to(DEV), b.to(DEV), left=left, adjoint=adjoint)
+    torch.testing.assert_close(got.cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_random_fills_draw_both_parts(dtype):
+    # As PyTorch: the real view is filled; a normal's variance is split
+    # evenly between the real and imaginary parts.
+    torch.openreg.manual_seed(3)
+    z = torch.randn(20000, dtype=dtype, device=DEV).cpu()
+    assert z.dtype == dtype
+    for part in (z.real, z.imag):
+        assert abs(part.mean().item()) < 0.03
+        assert abs(part.var().item() - 0.5) < 0.03
+    torch.openreg.manual_seed(3)
+    assert torch.equal(torch.randn(20000, dtype=dtype, device=DEV).cpu(), z)
+    u = torch.rand(1000, dtype=dtype, device=DEV).cpu()
+    assert ((u.real >= 0) & (u.real < 1) & (u.imag >= 0) & (u.imag < 1)).all()
+    assert u.real.std() > 0.2 and u.imag.std() > 0.2

@@ -446,3 +446,33 @@ def test_launches_are_asynchronous_by_default():
         torch.openreg._sleep(300)
     assert not s.query()
     s.synchronize()
+
+
+# Note [Composites that differ from CPU] (cpp/fallback.cpp): ops with their
+# own CPU kernel and a default-backend composite reach the CPU kernel, so
+# low-precision results are the CPU's bit for bit.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_norms_and_addr_compute_as_cpu(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 6, 8, generator=g).to(dtype)
+    w, b = torch.randn(8, generator=g).to(dtype), torch.randn(8, generator=g).to(dtype)
+    cases = [
+        lambda d: torch.nn.functional.layer_norm(x.to(d), (8,), w.to(d), b.to(d)),
+        lambda d: torch.nn.functional.group_norm(x.to(d), 2, torch.ones(6, dtype=dtype).to(d)),
+        lambda d: torch.addr(x[0, 0].to(d), x[1, 1].to(d), x[2, 2].to(d), beta=0.5, alpha=2),
+    ]
+    for case in cases:
+        assert torch.equal(case("openreg").cpu(), case("cpu"))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: torch.eye(3).to_sparse().to("openreg"), id="coo-to-device"),
+        pytest.param(lambda: torch.eye(3).to_sparse_csr().to("openreg") @ torch.ones(3, 2, device="openreg"), id="csr-matmul"),
+        pytest.param(lambda: torch.eye(3, device="openreg").to_sparse(), id="to_sparse"),
+    ],
+)
+def test_sparse_layouts_raise_by_name(make):
+    with pytest.raises(NotImplementedError, match="sparse layouts are not supported on openreg"):
+        make()
