@@ -303,12 +303,16 @@ void register_sparse_rejection(torch::Library& library) {
 //    0-dim after sizing it, so the out= call resizes it back and warns "An
 //    output with one or more elements was resized", which CPU never does.
 //    Their functional forms go straight to the fallback.
-//  - Ops with their own CPU kernel and a CompositeExplicitAutograd kernel
-//    (native_layer_norm, native_group_norm, addr, ...): the composite is a
-//    different algorithm (math_native_layer_norm computes mean and variance
-//    by other reductions), so results differ from CPU beyond float16
-//    tolerance. Every such op is found in the dispatcher at registration and
-//    sent to the fallback, i.e. to its CPU kernel.
+//  - Ops with their own CPU kernel and a CompositeExplicitAutograd or
+//    CompositeImplicitAutograd kernel (native_layer_norm, native_group_norm,
+//    addr, silu_backward, mish_backward, ...): the composite is a different
+//    algorithm (math_native_layer_norm computes mean and variance by other
+//    reductions; silu_backward's decomposition rounds float16 at each step
+//    where the CPU kernel computes in float32), so results differ from CPU
+//    beyond float16 tolerance. Every such op is found in the dispatcher at
+//    registration and sent to the fallback, i.e. to its CPU kernel; with a
+//    kernel for the backend, autograd uses the op's own derivative, as on
+//    CPU, instead of differentiating the decomposition.
 void register_fallback_kernels(torch::Library& aten) {
   auto to_fallback = [&aten](const std::string& name) {
     aten.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_on_cpu_views>());
@@ -324,8 +328,9 @@ void register_fallback_kernels(torch::Library& aten) {
     }
     auto op = dispatcher.findOp(op_name);
     if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        !(op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))) {
       continue;
     }
     std::string name = op_name.name.substr(kAten.size());

@@ -476,3 +476,19 @@ def test_norms_and_addr_compute_as_cpu(dtype):
 def test_sparse_layouts_raise_by_name(make):
     with pytest.raises(NotImplementedError, match="sparse layouts are not supported on openreg"):
         make()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("activation", [F.silu, F.mish], ids=["silu", "mish"])
+def test_activation_gradients_compute_as_cpu(dtype, activation):
+    # silu_backward and mish_backward have a CPU kernel and a decomposition;
+    # openreg runs the CPU kernel, so the float16 rounding is the CPU's.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, generator=g).to(dtype)
+    grad_out = torch.randn(64, generator=g).to(dtype)
+    grads = []
+    for device in ("cpu", "openreg"):
+        leaf = x.to(device).requires_grad_()
+        (grad,) = torch.autograd.grad(activation(leaf), leaf, grad_out.to(device))
+        grads.append(grad.cpu())
+    assert torch.equal(grads[0], grads[1])
