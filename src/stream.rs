@@ -156,6 +156,9 @@ impl StreamQueue {
             } else {
                 self.spawn_worker(&mut st)?;
             }
+            if st.completed == self.marker() {
+                crate::utilization::stream_became_busy(self.device); // Note [Busy clock]
+            }
             // The worker cannot take the task before the lock is released.
             self.count_submission(&st)
         };
@@ -195,6 +198,9 @@ impl StreamQueue {
                         st.deferred_error.get_or_insert(e);
                     }
                     st.completed += 1;
+                    if st.completed == self.marker() {
+                        crate::utilization::stream_became_idle(self.device);
+                    }
                     self.progress.notify_all();
                     continue;
                 }
@@ -233,6 +239,7 @@ impl StreamQueue {
         if st.completed != self.marker() || st.shutting_down {
             return false;
         }
+        crate::utilization::stream_became_busy(self.device);
         self.count_submission(&st);
         st.inline_running = true;
         true
@@ -242,6 +249,9 @@ impl StreamQueue {
     pub fn end_inline(&self) {
         let mut st = self.state.lock();
         st.completed += 1;
+        if st.completed == self.marker() {
+            crate::utilization::stream_became_idle(self.device);
+        }
         st.inline_running = false;
         self.progress.notify_all();
         // Work queued behind the inline task waits for this; an idle worker
@@ -316,14 +326,58 @@ impl StreamQueue {
         }
     }
 
-    /// Drains the queue and stops the worker (runtime finalization).
-    pub(crate) fn shut_down(&self) {
+    /// Waits until `seq` tasks have completed or `deadline` passed; returns
+    /// whether they completed. Leaves parked failures alone.
+    pub fn wait_until(&self, seq: u64, deadline: Instant) -> bool {
+        let mut st = self.state.lock();
+        while st.completed < seq {
+            if self.progress.wait_until(&mut st, deadline).timed_out() {
+                return st.completed >= seq;
+            }
+        }
+        true
+    }
+
+    /// Gives up the queued tasks that have not started (Note [Bounded exit
+    /// drain] in lifecycle.rs) and returns how many. They are leaked, not
+    /// dropped: what they captured may need an interpreter that is going
+    /// away. They count as completed, so no waiter hangs; the stream's next
+    /// synchronize reports them.
+    pub(crate) fn abandon_queued(&self) -> usize {
+        let mut st = self.state.lock();
+        let abandoned = std::mem::take(&mut st.tasks);
+        let count = abandoned.len();
+        std::mem::forget(abandoned);
+        if count == 0 {
+            return 0;
+        }
+        st.completed += count as u64;
+        st.deferred_error
+            .get_or_insert_with(|| Error::invalid_value(format!("{self}: {count} queued kernels were abandoned at exit")));
+        if st.completed == self.marker() {
+            crate::utilization::stream_became_idle(self.device);
+        }
+        self.progress.notify_all();
+        count
+    }
+
+    /// Drains the queue and stops the worker (runtime finalization), waiting
+    /// until `deadline` at most; returns whether the worker stopped.
+    pub(crate) fn shut_down(&self, deadline: Option<Instant>) -> bool {
         let mut st = self.state.lock();
         st.shutting_down = true;
         self.work_available.notify_all();
         while st.worker_running {
-            self.progress.wait(&mut st);
+            match deadline {
+                Some(deadline) => {
+                    if self.progress.wait_until(&mut st, deadline).timed_out() {
+                        return !st.worker_running;
+                    }
+                }
+                None => self.progress.wait(&mut st),
+            }
         }
+        true
     }
 }
 
@@ -396,14 +450,22 @@ impl DeviceStreams {
         self.streams.iter().try_for_each(StreamQueue::synchronize)
     }
 
-    /// Waits for the work submitted so far on every stream, leaving parked
-    /// failures for the next `synchronize` (Note [Host exit] in lifecycle.rs).
-    pub(crate) fn drain_all(&self) {
-        self.streams.iter().for_each(|s| drop(s.wait_for(s.marker(), false)));
+    /// Waits for the work submitted so far on every stream until `deadline`,
+    /// leaving parked failures for the next `synchronize` (Note [Host exit]
+    /// in lifecycle.rs); returns whether all of it completed.
+    pub(crate) fn drain_all(&self, deadline: Instant) -> bool {
+        self.streams.iter().all(|s| s.wait_until(s.marker(), deadline))
     }
 
-    pub(crate) fn shut_down_all(&self) {
-        self.streams.iter().for_each(StreamQueue::shut_down);
+    /// Abandons every stream's queued tasks; returns how many there were.
+    pub(crate) fn abandon_all(&self) -> usize {
+        self.streams.iter().map(StreamQueue::abandon_queued).sum()
+    }
+
+    /// Stops every worker, waiting until `deadline` at most; returns whether
+    /// all stopped.
+    pub(crate) fn shut_down_all(&self, deadline: Option<Instant>) -> bool {
+        self.streams.iter().fold(true, |all, s| s.shut_down(deadline) && all)
     }
 
     /// How many of this device's streams have a live worker thread.
