@@ -129,6 +129,12 @@ int orGetMemoryFraction(int device, double* fraction);
 int orSetSyncDebugMode(int mode);
 int orGetSyncDebugMode(void);
 
+/* Fault injection: `kind` "alloc", "kernel", "event" or "enumerate"; `after`
+ * more operations of that kind succeed, the next one fails once with an
+ * error saying it was injected (a kernel's failure is reported by the next
+ * synchronize of its stream). */
+int orInjectFault(const char* kind, uint64_t after);
+
 /* Pinned host memory statistics: each is {current, peak, allocated, freed}. */
 typedef struct orHostMemoryStats {
   int64_t allocations[4];

@@ -491,6 +491,10 @@ impl DeviceAllocator {
         if size == 0 {
             return Ok(0);
         }
+        if crate::fault::strikes(crate::fault::Fault::Alloc) {
+            let what = format!("allocating {size} bytes on openreg device {} failed", self.device);
+            return Err(AllocError { error: crate::fault::error(crate::fault::Fault::Alloc, &what), out_of_memory: true });
+        }
         // Captured before locking: the collector may take the host's locks.
         let frames = memory_history::current().filter(|s| s.alloc_stacks).and_then(|_| memory_history::capture());
         let mut st = self.state.lock();

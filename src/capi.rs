@@ -90,7 +90,8 @@ pub extern "C" fn orGetLastErrorMessage() -> *const c_char {
 
 #[no_mangle]
 pub extern "C" fn orGetDeviceCount(count: *mut c_int) -> OrError {
-    guarded(|| put(count, device::device_count() as c_int))
+    let enumeration_fails = crate::fault::strikes(crate::fault::Fault::Enumerate);
+    guarded(|| put(count, if enumeration_fails { 0 } else { device::device_count() as c_int }))
 }
 
 #[no_mangle]
@@ -528,6 +529,20 @@ pub extern "C" fn orResetHostMemoryStats(peak: c_int, accumulated: c_int) -> OrE
         if accumulated != 0 {
             crate::pinned::reset_accumulated_stats();
         }
+        Ok(())
+    })
+}
+
+/// Arms an injected fault (Note [Injected faults]): `kind` is "alloc",
+/// "kernel", "event" or "enumerate"; `after` more operations of that kind
+/// succeed, the next one fails.
+#[no_mangle]
+pub extern "C" fn orInjectFault(kind: *const c_char, after: u64) -> OrError {
+    guarded(|| {
+        // SAFETY: a non-null `kind` is a NUL-terminated string (the C contract).
+        let name = unsafe { kind.as_ref().map(|k| CStr::from_ptr(k)) }
+            .ok_or_else(|| Error::invalid_value("orInjectFault: the fault kind is null"))?;
+        crate::fault::inject(crate::fault::Fault::from_name(&name.to_string_lossy())?, after);
         Ok(())
     })
 }

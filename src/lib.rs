@@ -9,6 +9,7 @@ pub mod capi;
 pub mod device;
 pub mod error;
 pub mod event;
+pub mod fault;
 mod ffi;
 pub mod generator;
 pub mod lifecycle;

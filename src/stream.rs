@@ -192,10 +192,14 @@ impl StreamQueue {
             if !st.inline_running {
                 if let Some(task) = st.tasks.pop_front() {
                     drop(st);
+                    let is_kernel = matches!(task, Task::Run(_));
                     let outcome = catch_unwind(AssertUnwindSafe(|| run(task)));
                     st = self.state.lock();
                     if let Err(e) = self.flatten(outcome) {
                         st.deferred_error.get_or_insert(e);
+                    }
+                    if is_kernel {
+                        self.maybe_inject_kernel_fault(&mut st);
                     }
                     st.completed += 1;
                     if st.completed == self.marker() {
@@ -245,9 +249,19 @@ impl StreamQueue {
         true
     }
 
+    /// Parks an injected kernel failure, reported by the next synchronize
+    /// (Note [Injected faults]).
+    fn maybe_inject_kernel_fault(&self, st: &mut QueueState) {
+        if crate::fault::strikes(crate::fault::Fault::Kernel) {
+            let what = format!("a kernel on {self} failed");
+            st.deferred_error.get_or_insert(crate::fault::error(crate::fault::Fault::Kernel, &what));
+        }
+    }
+
     /// Completes the work reserved by `try_begin_inline`.
     pub fn end_inline(&self) {
         let mut st = self.state.lock();
+        self.maybe_inject_kernel_fault(&mut st);
         st.completed += 1;
         if st.completed == self.marker() {
             crate::utilization::stream_became_idle(self.device);
