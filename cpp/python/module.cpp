@@ -380,6 +380,16 @@ static PyObject* reset_host_memory_stats(PyObject* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+/* _inject_fault(kind, after) */
+static PyObject* inject_fault(PyObject* self, PyObject* args) {
+  const char* kind;
+  unsigned long long after;
+  if (!PyArg_ParseTuple(args, "sK", &kind, &after))
+    return NULL;
+  CHECK(orInjectFault(kind, (uint64_t)after));
+  Py_RETURN_NONE;
+}
+
 /* _finalize(): release the runtime now (orFinalize), without the GIL: the
  * streams drain first, and a kernel's captures may need it. */
 static PyObject* finalize(PyObject* self, PyObject* unused) {
@@ -420,6 +430,7 @@ static PyMethodDef methods[] = {
     {"_record_memory_history", record_memory_history, METH_VARARGS, "(enabled, trace, stacks, max_entries)."},
     {"_memory_snapshot", memory_snapshot, METH_NOARGS, "Allocator state and events, as JSON."},
     {"_finalize", finalize, METH_NOARGS, "Release the runtime now."},
+    {"_inject_fault", inject_fault, METH_VARARGS, "(kind, after): arm an injected fault."},
     {"_host_memory_stats", host_memory_stats, METH_NOARGS, "Pinned host allocator statistics."},
     {"_reset_host_memory_stats", reset_host_memory_stats, METH_VARARGS, "(peak, accumulated)."},
     {NULL, NULL, 0, NULL},

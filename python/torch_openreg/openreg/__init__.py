@@ -99,6 +99,23 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _inject_fault(kind: str, after: int = 0) -> None:
+    """Make the next-but-``after`` operation of ``kind`` fail once, to test
+    error handling (Note [Injected faults] in src/fault.rs): ``"alloc"`` (an
+    allocation raises ``torch.OutOfMemoryError``), ``"kernel"`` (a kernel is
+    reported failed by its stream's next synchronizing call), ``"event"`` (an
+    event record raises) or ``"enumerate"`` (``device_count()`` reports 0).
+    The runtime stays usable after each."""
+    if not isinstance(kind, str):
+        raise TypeError(f"_inject_fault: kind must be a str, got {kind!r}")
+    if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+        raise ValueError(f"_inject_fault: after must be a non-negative int, got {after!r}")
+    try:
+        _C._inject_fault(kind, after)
+    except RuntimeError as e:
+        raise ValueError(str(e)) from None
+
+
 def _finalize() -> None:
     """Release the runtime now (drain and stop the streams, return cached
     memory, in priority order), for embedders that tear down early; later
