@@ -135,6 +135,12 @@ int orGetSyncDebugMode(void);
  * synchronize of its stream). */
 int orInjectFault(const char* kind, uint64_t after);
 
+/* Op timeout: a synchronizing call gives up on a kernel that has run longer
+ * than `ms` milliseconds (0: never) with orErrorNotReady and a message naming
+ * the stream; the kernel keeps running. */
+void orSetOpTimeoutMs(uint64_t ms);
+uint64_t orGetOpTimeoutMs(void);
+
 /* Pinned host memory statistics: each is {current, peak, allocated, freed}. */
 typedef struct orHostMemoryStats {
   int64_t allocations[4];

@@ -546,3 +546,15 @@ pub extern "C" fn orInjectFault(kind: *const c_char, after: u64) -> OrError {
         Ok(())
     })
 }
+
+/// Synchronizing calls give up on a kernel running longer than `ms`
+/// milliseconds (0: never), with an error naming the stream (Note [Op timeout]).
+#[no_mangle]
+pub extern "C" fn orSetOpTimeoutMs(ms: u64) {
+    crate::op_timeout::set_ms(ms)
+}
+
+#[no_mangle]
+pub extern "C" fn orGetOpTimeoutMs() -> u64 {
+    crate::op_timeout::get_ms()
+}

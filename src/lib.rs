@@ -16,6 +16,7 @@ pub mod lifecycle;
 pub mod log;
 pub mod memory;
 pub mod memory_history;
+pub mod op_timeout;
 pub mod options;
 pub mod pinned;
 pub mod stream;

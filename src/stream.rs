@@ -73,6 +73,8 @@ struct QueueState {
     worker_running: bool,
     /// A task runs on a caller's thread (Note [Inline launches]).
     inline_running: bool,
+    /// When the task running now started (Note [Op timeout]).
+    running_since: Option<Instant>,
     shutting_down: bool,
     /// A task that panicked; reported by the next `synchronize`.
     deferred_error: Option<Error>,
@@ -105,6 +107,7 @@ impl StreamQueue {
                 completed: 0,
                 worker_running: false,
                 inline_running: false,
+                running_since: None,
                 shutting_down: false,
                 deferred_error: None,
             }),
@@ -191,10 +194,12 @@ impl StreamQueue {
         loop {
             if !st.inline_running {
                 if let Some(task) = st.tasks.pop_front() {
+                    st.running_since = Some(Instant::now());
                     drop(st);
                     let is_kernel = matches!(task, Task::Run(_));
                     let outcome = catch_unwind(AssertUnwindSafe(|| run(task)));
                     st = self.state.lock();
+                    st.running_since = None;
                     if let Err(e) = self.flatten(outcome) {
                         st.deferred_error.get_or_insert(e);
                     }
@@ -246,6 +251,7 @@ impl StreamQueue {
         crate::utilization::stream_became_busy(self.device);
         self.count_submission(&st);
         st.inline_running = true;
+        st.running_since = Some(Instant::now());
         true
     }
 
@@ -262,6 +268,7 @@ impl StreamQueue {
     pub fn end_inline(&self) {
         let mut st = self.state.lock();
         self.maybe_inject_kernel_fault(&mut st);
+        st.running_since = None;
         st.completed += 1;
         if st.completed == self.marker() {
             crate::utilization::stream_became_idle(self.device);
@@ -287,12 +294,23 @@ impl StreamQueue {
         self.wait_for(self.marker(), true)
     }
 
-    /// Waits until `seq` tasks have completed. With `take_error`, a parked
-    /// task failure is returned (once) instead of `Ok`.
+    /// Waits until `seq` tasks have completed. With `take_error` (a user's
+    /// wait), a parked task failure is returned (once) instead of `Ok`, and
+    /// a task running longer than the op timeout ends the wait with an error
+    /// (Note [Op timeout]).
     pub fn wait_for(&self, seq: u64, take_error: bool) -> Result<()> {
         let mut st = self.state.lock();
         while st.completed < seq {
-            self.progress.wait(&mut st);
+            match crate::op_timeout::limit().filter(|_| take_error) {
+                None => self.progress.wait(&mut st),
+                Some(limit) => {
+                    let started = st.running_since.unwrap_or_else(Instant::now);
+                    if started.elapsed() >= limit {
+                        return Err(self.timed_out(started.elapsed(), limit));
+                    }
+                    self.progress.wait_until(&mut st, started + limit);
+                }
+            }
         }
         match st.deferred_error.take() {
             Some(e) if take_error => Err(e),
@@ -301,6 +319,19 @@ impl StreamQueue {
                 Ok(())
             }
         }
+    }
+
+    #[cold]
+    fn timed_out(&self, running: Duration, limit: Duration) -> Error {
+        Error::new(
+            ErrorKind::NotReady,
+            format!(
+                "openreg op timeout: the kernel running on {self} has run for {} ms, longer than the {} ms of \
+                 torch.openreg.set_op_timeout_ms; the wait gave up (the kernel keeps running)",
+                running.as_millis(),
+                limit.as_millis()
+            ),
+        )
     }
 
     /// The current end of the stream: it has passed this point once it has
