@@ -380,6 +380,18 @@ static PyObject* reset_host_memory_stats(PyObject* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+static PyObject* set_op_timeout_ms(PyObject* self, PyObject* arg) {
+  unsigned long long ms = PyLong_AsUnsignedLongLong(arg);
+  if (PyErr_Occurred())
+    return NULL;
+  orSetOpTimeoutMs((uint64_t)ms);
+  Py_RETURN_NONE;
+}
+
+static PyObject* get_op_timeout_ms(PyObject* self, PyObject* unused) {
+  return PyLong_FromUnsignedLongLong((unsigned long long)orGetOpTimeoutMs());
+}
+
 /* _inject_fault(kind, after) */
 static PyObject* inject_fault(PyObject* self, PyObject* args) {
   const char* kind;
@@ -431,6 +443,8 @@ static PyMethodDef methods[] = {
     {"_memory_snapshot", memory_snapshot, METH_NOARGS, "Allocator state and events, as JSON."},
     {"_finalize", finalize, METH_NOARGS, "Release the runtime now."},
     {"_inject_fault", inject_fault, METH_VARARGS, "(kind, after): arm an injected fault."},
+    {"_set_op_timeout_ms", set_op_timeout_ms, METH_O, "Synchronize gives up on kernels longer than this (0: never)."},
+    {"_get_op_timeout_ms", get_op_timeout_ms, METH_NOARGS, "The op timeout in ms (0: none)."},
     {"_host_memory_stats", host_memory_stats, METH_NOARGS, "Pinned host allocator statistics."},
     {"_reset_host_memory_stats", reset_host_memory_stats, METH_VARARGS, "(peak, accumulated)."},
     {NULL, NULL, 0, NULL},

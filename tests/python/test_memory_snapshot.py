@@ -16,6 +16,10 @@ history = torch.openreg.memory
 
 @pytest.fixture
 def recording():
+    # Allocations below map new segments (and record segment_alloc) only if
+    # no cached segment can serve them: give the cache back first, and ask
+    # for sizes of 10 MiB and more, which get segments of their own.
+    torch.openreg.empty_cache()
     history._record_memory_history(enabled="all", context="all", stacks="python", max_entries=10_000)
     yield
     history._record_memory_history(enabled=None)
@@ -31,7 +35,7 @@ def blocks_at(snapshot, address):
 
 def test_snapshot_has_segments_blocks_and_trace(recording):
     x = allocate_here(3000)
-    big = allocate_here(12 << 20)
+    big = allocate_here((25 << 20) + 3)
     snap = history._snapshot()
     assert set(snap) >= {"segments", "device_traces"}
     assert len(snap["device_traces"]) == torch.openreg.device_count()
@@ -112,7 +116,7 @@ def test_bad_arguments_are_rejected():
 
 def test_memory_viz_renders_the_dumped_pickle(recording, tmp_path):
     x = allocate_here(5000)
-    y = allocate_here(3 << 20)
+    y = allocate_here(27 << 20)
     del x
     path = tmp_path / "snapshot.pickle"
     history._dump_snapshot(str(path))

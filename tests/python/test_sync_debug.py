@@ -100,3 +100,38 @@ def test_option_sets_the_initial_mode():
     r = ENV_MODE.result().check_ok()
     assert r["mode"] == 2 and r["source"] == "environment"
     assert r["item"].startswith("RuntimeError") and "Tensor.item()" in r["item"]
+
+
+@pytest.fixture
+def op_timeout():
+    yield torch.openreg.set_op_timeout_ms
+    torch.openreg.set_op_timeout_ms(None)
+
+
+def test_op_timeout_ends_waits_for_a_long_kernel(op_timeout):
+    import time
+
+    s = torch.openreg.Stream(device=1)
+    op_timeout(300)
+    assert torch.openreg.get_op_timeout_ms() == 300
+    with torch.openreg.stream(s):
+        torch.openreg._sleep(6000)
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"op timeout: the kernel running on openreg stream \d+ on device 1 has run for \d+ ms"):
+        s.synchronize()
+    with pytest.raises(RuntimeError, match="op timeout"):
+        torch.openreg.synchronize(1)
+    # Both gave up long before the 6 s kernel ended, however loaded the machine.
+    assert time.perf_counter() - t0 < 4.5
+    # Short kernels are unaffected; without a timeout the wait completes.
+    assert torch.ones(3, device="openreg:0").sum().item() == 3
+    op_timeout(0)
+    s.synchronize()
+    assert s.query()
+
+
+def test_op_timeout_bad_values(op_timeout):
+    for bad in (-1, 1.5, "1s", True):
+        with pytest.raises(ValueError, match="set_op_timeout_ms"):
+            op_timeout(bad)
+    assert torch.openreg.get_op_timeout_ms() == 0

@@ -84,7 +84,7 @@ from ._streams import (
     set_stream,
     stream,
 )
-from ._sync_debug import get_sync_debug_mode, set_sync_debug_mode
+from ._sync_debug import get_op_timeout_ms, get_sync_debug_mode, set_op_timeout_ms, set_sync_debug_mode
 
 OutOfMemoryError = torch.OutOfMemoryError
 has_half = True
@@ -174,6 +174,7 @@ __all__ = [
     "get_rng_state",
     "get_rng_state_all",
     "get_stream_from_external",
+    "get_op_timeout_ms",
     "get_sync_debug_mode",
     "has_half",
     "has_magma",
@@ -213,6 +214,7 @@ __all__ = [
     "set_rng_state",
     "set_rng_state_all",
     "set_stream",
+    "set_op_timeout_ms",
     "set_sync_debug_mode",
     "stream",
     "stream_priority_range",
