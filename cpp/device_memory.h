@@ -160,9 +160,12 @@ void launch(c10::DeviceIndex device, Body&& body, ffi::LaunchMode mode) {
 // returns once it has run: right here when the stream is idle, else on the
 // stream's worker after the work queued before it while the caller waits (a
 // synchronization the caller needs, e.g. to read a value on the host). An
-// exception `body` throws reaches the caller as thrown.
+// exception `body` throws reaches the caller as thrown. `what` names the
+// operation for sync-debug mode, which reports it whether or not the stream
+// is busy (Note [Sync debug] in src/sync_debug.rs).
 template <typename Body>
-void run_in_stream_order(c10::DeviceIndex device, Body&& body) {
+void run_in_stream_order(c10::DeviceIndex device, rust::Str what, Body&& body) {
+  checked([&] { ffi::check_host_sync(what); });
   if (run_inline(device, 0, body)) {
     return;
   }

@@ -137,7 +137,9 @@ at::Tensor& set_source_storage_offset(
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   c10::DeviceGuard guard(self.device());
   at::Scalar value;
-  run_in_stream_order(self.device().index(), [&] { value = at::native::_local_scalar_dense_cpu(cpu_view(self)); });
+  run_in_stream_order(self.device().index(), "Tensor.item() (_local_scalar_dense)", [&] {
+    value = at::native::_local_scalar_dense_cpu(cpu_view(self));
+  });
   return value;
 }
 
@@ -172,6 +174,9 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
       (non_blocking && ffi::is_pinned(reinterpret_cast<uintptr_t>(host.data_ptr())));
 
   c10::DeviceGuard guard(c10::Device(c10::kPrivateUse1, device));
+  if (!asynchronous) {
+    checked([&] { ffi::check_host_sync("a blocking copy between openreg and host memory (Tensor.cpu(), .to(), copy_)"); });
+  }
   if (cross_device) {
     checked([&] { ffi::stream_wait_stream(device, dst.device().index()); });
   }

@@ -43,6 +43,7 @@ typedef struct orDeviceProp {
   int minor;
   int multiProcessorCount;
   size_t totalGlobalMem;
+  unsigned char uuid[16]; /* stable per device index */
 } orDeviceProp;
 
 /* orEventCreate flags. */
@@ -109,8 +110,58 @@ int orEventSynchronize(orEvent_t event);
 int orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end);
 int orEventDestroy(orEvent_t event);
 
-/* The options in force, one per line: NAME<TAB>value<TAB>meaning. */
+/* The options in force, one per line: NAME<TAB>value<TAB>source<TAB>meaning,
+ * where source is "environment" or "default". */
 const char* orGetOptions(void);
+
+/* Releases the runtime now (drains and stops the streams, returns cached
+ * memory, in priority order) for embedders that tear down before process
+ * exit; later device work fails. Idempotent. At process exit the runtime
+ * does this itself, waiting at most OPENREG_EXIT_DRAIN_MS for queued work. */
+int orFinalize(void);
+
+/* Diagnostics. */
+/* Percent (0..100) of the last second during which a stream of `device` had work. */
+int orDeviceGetUtilization(int device, int* percent);
+int orDeviceCanAccessPeer(int* can_access, int device, int peer);
+int orGetMemoryFraction(int device, double* fraction);
+/* Sync-debug mode: 0 default, 1 warn, 2 error on host-blocking operations. */
+int orSetSyncDebugMode(int mode);
+int orGetSyncDebugMode(void);
+
+/* Fault injection: `kind` "alloc", "kernel", "event" or "enumerate"; `after`
+ * more operations of that kind succeed, the next one fails once with an
+ * error saying it was injected (a kernel's failure is reported by the next
+ * synchronize of its stream). */
+int orInjectFault(const char* kind, uint64_t after);
+
+/* Op timeout: a synchronizing call gives up on a kernel that has run longer
+ * than `ms` milliseconds (0: never) with orErrorNotReady and a message naming
+ * the stream; the kernel keeps running. */
+void orSetOpTimeoutMs(uint64_t ms);
+uint64_t orGetOpTimeoutMs(void);
+
+/* Pinned host memory statistics: each is {current, peak, allocated, freed}. */
+typedef struct orHostMemoryStats {
+  int64_t allocations[4];
+  int64_t allocated_bytes[4];
+  int64_t num_host_alloc;
+  int64_t num_host_free;
+} orHostMemoryStats;
+int orGetHostMemoryStats(orHostMemoryStats* stats);
+int orResetHostMemoryStats(int peak, int accumulated);
+
+/* Memory history. `enabled` 0 stops recording and drops the events; `trace`
+ * 1 keeps the event trace; `stacks` 0 none, 1 for allocations, 2 for
+ * allocations and frees, collected by the installed stack collector, which
+ * returns the calling thread's stack as text (one frame per line,
+ * "file<TAB>line<TAB>function", innermost first) valid until its next call
+ * on that thread, or NULL. orMemorySnapshot returns every device's segments,
+ * blocks and events as JSON, valid until this thread's next call. */
+typedef const char* (*orStackCollector_t)(void);
+int orRecordMemoryHistory(int enabled, int trace, int stacks, size_t max_entries);
+void orSetStackCollector(orStackCollector_t collector);
+int orMemorySnapshot(const char** json);
 
 #ifdef __cplusplus
 }

@@ -33,6 +33,7 @@ use parking_lot::{Mutex, MutexGuard};
 use crate::device::DeviceIndex;
 use crate::error::{Error, ErrorKind, Result};
 use crate::memory;
+use crate::memory_history::{self, Action, BlockSnapshot, DeviceSnapshot, Frames, SegmentSnapshot, Trace, TraceEntry};
 use crate::options;
 use crate::stream::StreamQueue;
 
@@ -59,13 +60,13 @@ pub struct Stat {
 }
 
 impl Stat {
-    fn increase(&mut self, amount: usize) {
+    pub(crate) fn increase(&mut self, amount: usize) {
         self.current += amount as i64;
         self.peak = self.peak.max(self.current);
         self.allocated += amount as i64;
     }
 
-    fn decrease(&mut self, amount: usize) {
+    pub(crate) fn decrease(&mut self, amount: usize) {
         self.current -= amount as i64;
         debug_assert!(self.current >= 0, "negative allocator statistic");
         self.freed += amount as i64;
@@ -157,6 +158,8 @@ struct Block {
     next: Option<BlockId>,
     /// Streams other than `stream` that used the block (`record_stream`).
     uses: Vec<&'static StreamQueue>,
+    /// Who allocated it, while memory history records stacks.
+    frames: Frames,
 }
 
 impl Block {
@@ -233,6 +236,8 @@ struct State {
     /// Set by `set_memory_fraction`; the capacity otherwise.
     limit: Option<usize>,
     stats: DeviceStats,
+    /// Recent events, while memory history records (Note [Memory history]).
+    trace: Trace,
 }
 
 /// Why an allocation failed: the C++ side raises `torch.OutOfMemoryError`
@@ -366,6 +371,7 @@ impl State {
         let block = self.block_mut(id);
         block.state = BlockState::Free;
         block.uses.clear();
+        block.frames = None;
         let (segment, stream) = (block.segment, block.stream);
         self.segments.get_mut(&segment).expect("segment exists").last_free = stream.marker();
         self.add_free(id);
@@ -381,6 +387,9 @@ impl State {
             .partition(|p| p.markers.iter().all(|(stream, seq)| stream.has_completed(*seq)));
         self.pending = waiting;
         for p in ready {
+            let block = self.block(p.block);
+            let (addr, size, stream) = (block.ptr, block.size, block.stream.id());
+            self.note(TraceEntry::new(Action::FreeCompleted, addr, size, stream, None));
             self.release_block(p.block);
         }
     }
@@ -414,9 +423,17 @@ impl State {
             self.remove_free(seg.first);
             self.retire_block(seg.first);
             memory::unmap(base, seg.size);
+            self.note(TraceEntry::new(Action::SegmentFree, base, seg.size, seg.stream.id(), None));
             self.stats.segment.decrease(seg.pool, 1);
             self.stats.reserved_bytes.decrease(seg.pool, seg.size);
             self.stats.num_device_free += 1;
+        }
+    }
+
+    /// Records `entry` if memory history records events.
+    fn note(&mut self, entry: TraceEntry) {
+        if let Some(settings) = memory_history::current() {
+            self.trace.record(&settings, entry);
         }
     }
 
@@ -433,8 +450,9 @@ impl State {
             .map(|(_, _, _, id)| *id)
     }
 
-    fn map_segment(&mut self, size: usize, pool: Pool, stream: &'static StreamQueue) -> Result<BlockId> {
+    fn map_segment(&mut self, size: usize, pool: Pool, stream: &'static StreamQueue, frames: &Frames) -> Result<BlockId> {
         let base = memory::map(size)?;
+        self.note(TraceEntry::new(Action::SegmentAlloc, base, size, stream.id(), frames.clone()));
         let first = self.new_block(Block {
             ptr: base,
             size,
@@ -447,6 +465,7 @@ impl State {
             prev: None,
             next: None,
             uses: Vec::new(),
+            frames: None,
         });
         self.segments.insert(base, Segment { size, pool, stream, first, last_free: 0 });
         self.stats.segment.increase(pool, 1);
@@ -472,19 +491,24 @@ impl DeviceAllocator {
         if size == 0 {
             return Ok(0);
         }
+        if crate::fault::strikes(crate::fault::Fault::Alloc) {
+            let what = format!("allocating {size} bytes on openreg device {} failed", self.device);
+            return Err(AllocError { error: crate::fault::error(crate::fault::Fault::Alloc, &what), out_of_memory: true });
+        }
+        // Captured before locking: the collector may take the host's locks.
+        let frames = memory_history::current().filter(|s| s.alloc_stacks).and_then(|_| memory_history::capture());
         let mut st = self.state.lock();
         if size > self.capacity {
             // Cannot fit however much is freed (and would overflow rounding).
-            st.stats.num_ooms += 1;
             let limit = st.limit.unwrap_or(self.capacity);
-            return Err(AllocError { error: self.oom_error(&st, size, limit), out_of_memory: true });
+            return Err(self.out_of_memory(&mut st, size, limit, stream, frames));
         }
         let rounded = round_size(size);
         let pool = pool_of(rounded);
         st.process_pending();
         let id = match st.best_fit(pool, stream, rounded) {
             Some(id) => id,
-            None => self.grow(&mut st, rounded, size, pool, stream)?,
+            None => self.grow(&mut st, rounded, size, pool, stream, &frames)?,
         };
 
         st.remove_free(id);
@@ -507,6 +531,7 @@ impl DeviceAllocator {
                 prev: Some(id),
                 next,
                 uses: Vec::new(),
+                frames: None,
             });
             st.block_mut(id).next = Some(rest);
             if let Some(next) = next {
@@ -517,7 +542,9 @@ impl DeviceAllocator {
         let block = st.block_mut(id);
         block.state = BlockState::Allocated;
         block.requested = size;
+        block.frames = frames.clone();
         let got = block.size;
+        st.note(TraceEntry::new(Action::Alloc, ptr, got, stream.id(), frames));
         st.allocated.insert(ptr, id);
         st.stats.allocation.increase(pool, 1);
         st.stats.allocated_bytes.increase(pool, got);
@@ -537,6 +564,7 @@ impl DeviceAllocator {
         requested: usize,
         pool: Pool,
         stream: &'static StreamQueue,
+        frames: &Frames,
     ) -> std::result::Result<BlockId, AllocError> {
         let seg = segment_size(rounded);
         let limit = st.limit.unwrap_or(self.capacity);
@@ -553,10 +581,19 @@ impl DeviceAllocator {
             st.release_cached_segments();
         }
         if st.reserved() + seg > limit {
-            st.stats.num_ooms += 1;
-            return Err(AllocError { error: self.oom_error(st, requested, limit), out_of_memory: true });
+            return Err(self.out_of_memory(st, requested, limit, stream, frames.clone()));
         }
-        st.map_segment(seg, pool, stream).map_err(|error| AllocError { error, out_of_memory: false })
+        st.map_segment(seg, pool, stream, frames).map_err(|error| AllocError { error, out_of_memory: false })
+    }
+
+    /// Counts and records an allocation of `requested` bytes that does not fit.
+    #[cold]
+    fn out_of_memory(&self, st: &mut State, requested: usize, limit: usize, stream: &'static StreamQueue, frames: Frames) -> AllocError {
+        st.stats.num_ooms += 1;
+        let mut entry = TraceEntry::new(Action::Oom, 0, requested, stream.id(), frames);
+        entry.device_free = limit.saturating_sub(st.reserved());
+        st.note(entry);
+        AllocError { error: self.oom_error(st, requested, limit), out_of_memory: true }
     }
 
     #[cold]
@@ -594,10 +631,11 @@ impl DeviceAllocator {
         if ptr == 0 {
             return Some(Ok(()));
         }
+        let frames = memory_history::current().filter(|s| s.free_stacks).and_then(|_| memory_history::capture());
         let mut st = self.state.lock();
         let id = st.allocated.remove(&ptr)?;
         let block = st.block_mut(id);
-        let (pool, size, requested) = (block.pool, block.size, block.requested);
+        let (pool, size, requested, stream) = (block.pool, block.size, block.requested, block.stream.id());
         let markers: Vec<_> = block.uses.iter().map(|s| (*s, s.marker())).filter(|(s, seq)| !s.has_completed(*seq)).collect();
         if markers.is_empty() {
             block.state = BlockState::Free; // release_block finishes the transition
@@ -607,7 +645,9 @@ impl DeviceAllocator {
         st.stats.allocation.decrease(pool, 1);
         st.stats.allocated_bytes.decrease(pool, size);
         st.stats.requested_bytes.decrease(pool, requested);
+        st.note(TraceEntry::new(Action::FreeRequested, ptr, size, stream, frames.clone()));
         if markers.is_empty() {
+            st.note(TraceEntry::new(Action::FreeCompleted, ptr, size, stream, frames));
             st.release_block(id);
         } else {
             st.pending.push(PendingFree { block: id, markers });
@@ -685,6 +725,48 @@ impl DeviceAllocator {
         }
         self.state.lock().limit = Some((self.capacity as f64 * fraction) as usize);
         Ok(())
+    }
+
+    /// The segments with their blocks, and the recorded events
+    /// (Note [Memory history]).
+    pub fn snapshot(&self) -> DeviceSnapshot {
+        let st = self.state.lock();
+        let segments = st
+            .segments
+            .iter()
+            .map(|(&address, seg)| {
+                let mut blocks = Vec::new();
+                let mut next = Some(seg.first);
+                while let Some(id) = next {
+                    let b = st.block(id);
+                    let state = match b.state {
+                        BlockState::Allocated => "active_allocated",
+                        BlockState::Pending => "active_awaiting_free",
+                        BlockState::Free => "inactive",
+                    };
+                    let requested_size = if b.state == BlockState::Free { 0 } else { b.requested };
+                    blocks.push(BlockSnapshot { address: b.ptr, size: b.size, requested_size, state, frames: b.frames.clone() });
+                    next = b.next;
+                }
+                let segment_type = match seg.pool {
+                    Pool::Small => "small",
+                    Pool::Large => "large",
+                };
+                SegmentSnapshot { device: self.device, address, total_size: seg.size, stream: seg.stream.id(), segment_type, blocks }
+            })
+            .collect();
+        DeviceSnapshot { segments, trace: st.trace.entries().cloned().collect() }
+    }
+
+    /// Drops the recorded events (history was switched off).
+    pub fn clear_history(&self) {
+        self.state.lock().trace.clear();
+    }
+
+    /// The fraction of the capacity this process may reserve (1 unless
+    /// `set_memory_fraction` changed it).
+    pub fn memory_fraction(&self) -> f64 {
+        self.state.lock().limit.map_or(1.0, |limit| limit as f64 / self.capacity as f64)
     }
 
     /// Whether `ptr` lies inside one of this device's segments.

@@ -90,7 +90,8 @@ pub extern "C" fn orGetLastErrorMessage() -> *const c_char {
 
 #[no_mangle]
 pub extern "C" fn orGetDeviceCount(count: *mut c_int) -> OrError {
-    guarded(|| put(count, device::device_count() as c_int))
+    let enumeration_fails = crate::fault::strikes(crate::fault::Fault::Enumerate);
+    guarded(|| put(count, if enumeration_fails { 0 } else { device::device_count() as c_int }))
 }
 
 #[no_mangle]
@@ -105,7 +106,10 @@ pub extern "C" fn orSetDevice(device: c_int) -> OrError {
 
 #[no_mangle]
 pub extern "C" fn orDeviceSynchronize() -> OrError {
-    guarded(|| device::synchronize_device(device::current_device().into()))
+    guarded(|| {
+        crate::sync_debug::check("device synchronize (torch.openreg.synchronize)")?;
+        device::synchronize_device(device::current_device().into())
+    })
 }
 
 #[no_mangle]
@@ -148,6 +152,7 @@ pub struct DeviceProp {
     pub minor: c_int,
     pub multi_processor_count: c_int,
     pub total_global_mem: usize,
+    pub uuid: [u8; 16],
 }
 
 #[no_mangle]
@@ -166,6 +171,7 @@ pub extern "C" fn orGetDeviceProperties(prop: *mut DeviceProp, device: c_int) ->
                 minor: p.minor,
                 multi_processor_count: p.multi_processor_count,
                 total_global_mem: p.total_memory,
+                uuid: p.uuid,
             },
         )
     })
@@ -225,7 +231,11 @@ pub extern "C" fn orStreamQuery(stream: *const c_void) -> OrError {
 
 #[no_mangle]
 pub extern "C" fn orStreamSynchronize(stream: *const c_void) -> OrError {
-    guarded(|| stream_arg(stream)?.synchronize())
+    guarded(|| {
+        let stream = stream_arg(stream)?;
+        crate::sync_debug::check(&format!("Stream.synchronize() of {stream}"))?;
+        stream.synchronize()
+    })
 }
 
 /// A host callback queued on a stream, like `cudaLaunchHostFunc`.
@@ -309,7 +319,11 @@ pub extern "C" fn orEventQuery(event: *const c_void) -> OrError {
 
 #[no_mangle]
 pub extern "C" fn orEventSynchronize(event: *const c_void) -> OrError {
-    guarded(|| event_arg(event)?.synchronize())
+    guarded(|| {
+        let event = event_arg(event)?;
+        crate::sync_debug::check("Event.synchronize()")?;
+        event.synchronize()
+    })
 }
 
 #[no_mangle]
@@ -358,13 +372,189 @@ static OPTIONS_TEXT: Lazy<CString> = Lazy::new(|| {
     let text: String = options::get()
         .entries()
         .iter()
-        .map(|e| format!("{}\t{}\t{}\n", e.name, e.value, e.help))
+        .map(|e| format!("{}\t{}\t{}\t{}\n", e.name, e.value, options::get().source(e.name), e.help))
         .collect();
     CString::new(text).unwrap_or_default()
 });
 
-/// The options in force, one per line: `NAME<TAB>value<TAB>meaning`.
+/// The options in force, one per line: `NAME<TAB>value<TAB>source<TAB>meaning`
+/// (source: "environment" or "default").
 #[no_mangle]
 pub extern "C" fn orGetOptions() -> *const c_char {
     OPTIONS_TEXT.as_ptr()
+}
+
+// Diagnostics and device management beyond the CUDA runtime's basics.
+
+/// The percentage (0..=100) of the last second during which a stream of
+/// `device` had work (Note [Busy clock] in utilization.rs). Creates no context.
+#[no_mangle]
+pub extern "C" fn orDeviceGetUtilization(device: c_int, percent: *mut c_int) -> OrError {
+    guarded(|| {
+        let index = device::check_index(device::resolve(device.into()))?;
+        let fraction = crate::utilization::busy_fraction(index, crate::utilization::WINDOW);
+        put(percent, (fraction * 100.0).round() as c_int)
+    })
+}
+
+/// Whether `device` can access memory of `peer` (always, for two valid devices).
+#[no_mangle]
+pub extern "C" fn orDeviceCanAccessPeer(can_access: *mut c_int, device: c_int, peer: c_int) -> OrError {
+    guarded(|| put(can_access, device::can_access_peer(device.into(), peer.into())? as c_int))
+}
+
+/// The fraction of `device`'s capacity this process may reserve.
+#[no_mangle]
+pub extern "C" fn orGetMemoryFraction(device: c_int, fraction: *mut f64) -> OrError {
+    guarded(|| put(fraction, device::context(device::resolve(device.into()))?.allocator.memory_fraction()))
+}
+
+/// Memory history (Note [Memory history]): `trace` 1 keeps the event trace;
+/// `stacks` 0 none, 1 for allocations, 2 for allocations and frees;
+/// `enabled` 0 stops recording and drops what was recorded.
+#[no_mangle]
+pub extern "C" fn orRecordMemoryHistory(enabled: c_int, trace: c_int, stacks: c_int, max_entries: usize) -> OrError {
+    guarded(|| {
+        let settings = (enabled != 0).then_some(crate::memory_history::Settings {
+            trace: trace != 0,
+            alloc_stacks: stacks >= 1,
+            free_stacks: stacks >= 2,
+            max_entries,
+        });
+        crate::memory_history::set(settings)?;
+        if settings.is_none() {
+            device::existing_contexts().for_each(|ctx| ctx.allocator.clear_history());
+        }
+        Ok(())
+    })
+}
+
+/// Installs the function that returns the calling thread's stack for memory
+/// history (null: none); see `memory_history::StackCollector`.
+#[no_mangle]
+pub extern "C" fn orSetStackCollector(collector: Option<crate::memory_history::StackCollector>) {
+    crate::memory_history::set_stack_collector(collector)
+}
+
+thread_local! {
+    static SNAPSHOT: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// A JSON snapshot of every device's allocator (segments with blocks) and
+/// recorded events, valid until this thread's next call. Creates no context.
+#[no_mangle]
+pub extern "C" fn orMemorySnapshot(json: *mut *const c_char) -> OrError {
+    guarded(|| {
+        let devices: Vec<_> = (0..device::device_count() as i64)
+            .map(|i| match device::has_primary_context(i) {
+                Ok(true) => device::context(i).ok().map(|ctx| ctx.allocator.snapshot()),
+                _ => None,
+            })
+            .collect();
+        let text = CString::new(crate::memory_history::to_json(&devices)).unwrap_or_default();
+        SNAPSHOT.with(|slot| {
+            *slot.borrow_mut() = text;
+            put(json, slot.borrow().as_ptr())
+        })
+    })
+}
+
+/// 0 "default", 1 "warn", 2 "error" (Note [Sync debug]).
+#[no_mangle]
+pub extern "C" fn orSetSyncDebugMode(mode: c_int) -> OrError {
+    use crate::sync_debug::SyncDebugMode;
+    guarded(|| {
+        let mode = match mode {
+            0 => SyncDebugMode::Default,
+            1 => SyncDebugMode::Warn,
+            2 => SyncDebugMode::Error,
+            other => return Err(Error::invalid_value(format!("sync debug mode {other} is invalid (expected 0, 1 or 2)"))),
+        };
+        crate::sync_debug::set_mode(mode);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn orGetSyncDebugMode() -> c_int {
+    crate::sync_debug::mode() as c_int
+}
+
+/// Releases the runtime now, in priority order (drains and stops the
+/// streams, returns cached memory), for embedders that tear down before
+/// process exit. Later device work fails with an error. Idempotent.
+#[no_mangle]
+pub extern "C" fn orFinalize() -> OrError {
+    guarded(|| {
+        crate::lifecycle::finalize();
+        Ok(())
+    })
+}
+
+/// `orHostMemoryStats` of include/openreg.h: each statistic is
+/// `[current, peak, allocated, freed]`.
+#[repr(C)]
+pub struct HostMemoryStats {
+    pub allocations: [i64; 4],
+    pub allocated_bytes: [i64; 4],
+    pub num_host_alloc: i64,
+    pub num_host_free: i64,
+}
+
+/// Statistics of the pinned host allocator.
+#[no_mangle]
+pub extern "C" fn orGetHostMemoryStats(stats: *mut HostMemoryStats) -> OrError {
+    let flat = |s: crate::allocator::Stat| [s.current, s.peak, s.allocated, s.freed];
+    guarded(|| {
+        let s = crate::pinned::stats();
+        put(
+            stats,
+            HostMemoryStats {
+                allocations: flat(s.allocations),
+                allocated_bytes: flat(s.allocated_bytes),
+                num_host_alloc: s.num_host_alloc,
+                num_host_free: s.num_host_free,
+            },
+        )
+    })
+}
+
+/// `peak` 1: peaks drop to current values; `accumulated` 1: totals restart at 0.
+#[no_mangle]
+pub extern "C" fn orResetHostMemoryStats(peak: c_int, accumulated: c_int) -> OrError {
+    guarded(|| {
+        if peak != 0 {
+            crate::pinned::reset_peak_stats();
+        }
+        if accumulated != 0 {
+            crate::pinned::reset_accumulated_stats();
+        }
+        Ok(())
+    })
+}
+
+/// Arms an injected fault (Note [Injected faults]): `kind` is "alloc",
+/// "kernel", "event" or "enumerate"; `after` more operations of that kind
+/// succeed, the next one fails.
+#[no_mangle]
+pub extern "C" fn orInjectFault(kind: *const c_char, after: u64) -> OrError {
+    guarded(|| {
+        // SAFETY: a non-null `kind` is a NUL-terminated string (the C contract).
+        let name = unsafe { kind.as_ref().map(|k| CStr::from_ptr(k)) }
+            .ok_or_else(|| Error::invalid_value("orInjectFault: the fault kind is null"))?;
+        crate::fault::inject(crate::fault::Fault::from_name(&name.to_string_lossy())?, after);
+        Ok(())
+    })
+}
+
+/// Synchronizing calls give up on a kernel running longer than `ms`
+/// milliseconds (0: never), with an error naming the stream (Note [Op timeout]).
+#[no_mangle]
+pub extern "C" fn orSetOpTimeoutMs(ms: u64) {
+    crate::op_timeout::set_ms(ms)
+}
+
+#[no_mangle]
+pub extern "C" fn orGetOpTimeoutMs() -> u64 {
+    crate::op_timeout::get_ms()
 }

@@ -35,6 +35,9 @@ pub struct DeviceProperties {
     /// The dtypes that work here, as a set of `c10::ScalarType` codes (bit
     /// `n` for code `n`): what `getDeviceCapability` reports.
     pub supported_scalar_types: u64,
+    /// Stable for the device index across processes, as a GPU's UUID is for
+    /// the physical device: "openreg" in ASCII, then the index.
+    pub uuid: [u8; 16],
 }
 
 /// `c10::ScalarType` codes (torch/headeronly/core/ScalarType.h; stable, as
@@ -184,8 +187,8 @@ pub fn check_not_in_bad_fork() -> Result<()> {
     if IN_BAD_FORK.load(Ordering::Relaxed) {
         return Err(Error::new(
             ErrorKind::BadFork,
-            "openreg cannot be used in a forked subprocess after the parent initialized it; \
-             use the 'spawn' start method for multiprocessing",
+            "Cannot re-initialize openreg in forked subprocess. To use openreg with multiprocessing, \
+             you must use the 'spawn' start method",
         ));
     }
     Ok(())
@@ -240,7 +243,24 @@ pub fn properties(index: i64) -> Result<DeviceProperties> {
         multi_processor_count: std::thread::available_parallelism().map_or(1, |n| n.get() as i32),
         total_memory: options::get().device_memory,
         supported_scalar_types: scalar_type_set(SUPPORTED_SCALAR_TYPES),
+        uuid: device_uuid(index),
     })
+}
+
+fn device_uuid(index: DeviceIndex) -> [u8; 16] {
+    let mut uuid = [0u8; 16];
+    uuid[..7].copy_from_slice(b"openreg");
+    uuid[15] = index as u8;
+    uuid
+}
+
+/// Whether `device` can use memory of `peer` directly: any two devices can
+/// (all device memory is host memory), as CUDA's peer access says for
+/// devices of one NVLink island. Both indices must name devices.
+pub fn can_access_peer(device: i64, peer: i64) -> Result<bool> {
+    check_index(device)?;
+    check_index(peer)?;
+    Ok(true)
 }
 
 /// Waits for every stream of device `index`.

@@ -3,10 +3,7 @@
 //! Every message names what was wrong (device index and count, stream, event)
 //! so it can be shown to a Python or C++ user unchanged.
 
-use std::collections::HashSet;
 use std::fmt;
-
-use parking_lot::Mutex;
 
 /// The runtime's error codes. They double as the C ABI's `orError_t`
 /// (see `include/openreg.h`), so their numbers are part of the ABI.
@@ -48,14 +45,8 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-static WARNED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-
-/// Emits `message` once per process through PyTorch's warning handler
-/// (`TORCH_WARN`, a Python `UserWarning` when called from Python).
+/// Emits `message` once per process as a warning (`crate::log`).
 /// Used on paths that must not fail (`noexcept` guard methods, option parsing).
 pub fn warn_once(message: &str) {
-    let first = WARNED.lock().get_or_insert_with(HashSet::new).insert(message.to_string());
-    if first {
-        crate::ffi::emit_warning(&format!("openreg: {message}"));
-    }
+    crate::log::once(crate::log::Level::Warn, message)
 }

@@ -67,6 +67,9 @@ impl Event {
                 self.device
             )));
         }
+        if crate::fault::strikes(crate::fault::Fault::Event) {
+            return Err(crate::fault::error(crate::fault::Fault::Event, &format!("recording an event on {stream} failed")));
+        }
         let mut st = self.state.lock();
         let version = st.recorded.as_ref().map_or(1, |r| r.version + 1);
         let timestamp = self.timing.then(|| (Arc::clone(self), version));

@@ -127,6 +127,9 @@ mod bridge {
         fn init() -> Result<()>;
         fn is_initialized() -> bool;
         fn synchronize_device(index: i8) -> Result<()>;
+        /// A host-blocking operation named `what` is about to wait: warns
+        /// or fails in sync-debug mode (Note [Sync debug]).
+        fn check_host_sync(what: &str) -> Result<()>;
         fn device_supported_scalar_types(index: i8) -> Result<u64>;
 
         // Streams.
@@ -295,7 +298,12 @@ fn is_initialized() -> bool {
 }
 
 fn synchronize_device(index: i8) -> Result<()> {
+    crate::sync_debug::check("device synchronize (torch.openreg.synchronize)")?;
     device::synchronize_device(device::resolve(index.into()))
+}
+
+fn check_host_sync(what: &str) -> Result<()> {
+    crate::sync_debug::check(what)
 }
 
 /// Bit `n` set: `c10::ScalarType` code `n` is supported (see
@@ -337,7 +345,9 @@ fn query_stream(device: i8, id: i64) -> Result<bool> {
 }
 
 fn synchronize_stream(device: i8, id: i64) -> Result<()> {
-    stream::lookup(device.into(), id)?.synchronize()
+    let stream = stream::lookup(device.into(), id)?;
+    crate::sync_debug::check(&format!("Stream.synchronize() of {stream}"))?;
+    stream.synchronize()
 }
 
 /// `event` is 0 (created here, on its first record) or a handle from an
@@ -374,7 +384,9 @@ fn synchronize_event(event: usize) -> Result<()> {
     if event == 0 {
         return Ok(());
     }
-    handle::get(event)?.synchronize()
+    let event = handle::get(event)?;
+    crate::sync_debug::check("Event.synchronize()")?;
+    event.synchronize()
 }
 
 /// Called from the guard's `noexcept destroyEvent`: never fails; a handle

@@ -9,13 +9,19 @@ pub mod capi;
 pub mod device;
 pub mod error;
 pub mod event;
+pub mod fault;
 mod ffi;
 pub mod generator;
 pub mod lifecycle;
+pub mod log;
 pub mod memory;
+pub mod memory_history;
+pub mod op_timeout;
 pub mod options;
 pub mod pinned;
 pub mod stream;
+pub mod sync_debug;
+pub mod utilization;
 
 /// Registers the backend with PyTorch when the shared library is loaded, by
 /// whatever way in (Python import, `ctypes`/`torch.ops.load_library`, a

@@ -31,30 +31,78 @@
 //! The gate never closes unless a host asks, so a libtorch program frees
 //! everything as before. Kernels still run after the gate closes, and
 //! `finalize` still drains the streams at process exit.
+//!
+//! Note [Bounded exit drain]: exit waits for queued work at most
+//! `OPENREG_EXIT_DRAIN_MS` (default 500 ms), measured from the start of
+//! the drain; a process whose last act was to queue a long kernel exits
+//! promptly, as it would with a GPU. Past the bound, the tasks not yet
+//! started are abandoned (leaked, never run: `StreamQueue::abandon_queued`)
+//! with one warning, and a kernel already running is left to finish on its
+//! own thread while the process exits; since a worker may then still be
+//! running, the later release steps that would pull memory from under it
+//! are skipped (the process is ending; the OS reclaims everything). An
+//! explicit `finalize` (`torch.openreg._finalize()`, `orFinalize`) is asked
+//! for by its caller and waits for all work.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use crate::device;
+use crate::log;
+use crate::options;
 
+// Release priorities: lower numbers are released first.
 /// Drain and stop every stream worker before anything they use is released.
 pub const PRIORITY_STREAMS: i32 = 0;
+/// Return cached device memory once no worker can touch it.
+pub const PRIORITY_MEMORY: i32 = 50;
 
 type Release = Box<dyn FnOnce() + Send>;
 
 static RELEASES: Mutex<Vec<(i32, &'static str, Release)>> = Mutex::new(Vec::new());
 
-/// Registers `release` to run at finalize, ordered by `priority`.
+/// Registers `release` to run at finalize, ordered by `priority` (steps of
+/// equal priority run in registration order).
 pub fn register_release(priority: i32, name: &'static str, release: impl FnOnce() + Send + 'static) {
     RELEASES.lock().push((priority, name, Box::new(release)));
 }
 
+/// The release steps still to run, as `(priority, name)` in the order
+/// `finalize` runs them.
+pub fn pending_releases() -> Vec<(i32, &'static str)> {
+    let mut steps: Vec<_> = RELEASES.lock().iter().map(|(priority, name, _)| (*priority, *name)).collect();
+    steps.sort_by_key(|(priority, _)| *priority);
+    steps
+}
+
+/// Set when a stream worker did not stop by the exit deadline (Note
+/// [Bounded exit drain]): later steps must not release what it may use.
+static WORKERS_LEFT_RUNNING: AtomicBool = AtomicBool::new(false);
+
+/// The deadline of an exit-time wait that starts now.
+fn exit_deadline() -> Instant {
+    Instant::now() + Duration::from_millis(options::get().exit_drain_ms)
+}
+
+/// Whether finalize is running at process exit (bounded) or was asked for.
+static AT_EXIT: AtomicBool = AtomicBool::new(false);
+
 /// Runs once, from `device::init`.
 pub(crate) fn on_first_init() {
     register_release(PRIORITY_STREAMS, "stream workers", || {
-        device::existing_contexts().for_each(|ctx| ctx.streams.shut_down_all())
+        let deadline = AT_EXIT.load(Ordering::Acquire).then(exit_deadline);
+        let stopped = device::existing_contexts().fold(true, |all, ctx| ctx.streams.shut_down_all(deadline) && all);
+        if !stopped {
+            WORKERS_LEFT_RUNNING.store(true, Ordering::Release);
+            log::info("exit: a kernel is still running; its worker is left to the process exit");
+        }
+    });
+    register_release(PRIORITY_MEMORY, "cached device memory", || {
+        if !WORKERS_LEFT_RUNNING.load(Ordering::Acquire) {
+            device::existing_contexts().for_each(|ctx| ctx.allocator.empty_cache());
+        }
     });
     // SAFETY: both callbacks are `extern "C"` functions with no arguments
     // that never unwind; registering them has no other precondition.
@@ -73,15 +121,19 @@ extern "C" fn finalize_at_exit() {
     // draining them would wait forever.
     // Nothing may unwind out of an `extern "C"` function.
     if !device::is_in_bad_fork() {
+        AT_EXIT.store(true, Ordering::Release);
         let _ = std::panic::catch_unwind(finalize);
     }
 }
 
-/// Releases everything registered, in priority order. Idempotent.
+/// Releases everything registered, in priority order (steps of equal
+/// priority in registration order). Idempotent. After it, streams reject new
+/// work with an error saying the runtime is finalizing.
 pub fn finalize() {
     let mut releases = std::mem::take(&mut *RELEASES.lock());
     releases.sort_by_key(|(priority, _, _)| *priority);
-    for (_, _, release) in releases {
+    for (_, name, release) in releases {
+        log::log(log::Level::Debug, &format!("finalize: releasing {name}"));
         release();
     }
 }
@@ -113,14 +165,26 @@ pub fn is_host_exiting() -> bool {
 }
 
 /// The host is about to finalize (Note [Host exit]): waits for the work
-/// queued on every stream so far, then closes the release gate and waits for
-/// the releases in flight. The caller must not hold a lock a kernel's
-/// destructor takes (Python: call it without the GIL). Initializes nothing;
-/// idempotent.
+/// queued on every stream so far, at most `OPENREG_EXIT_DRAIN_MS` (Note
+/// [Bounded exit drain]), then closes the release gate and waits for the
+/// releases in flight. The caller must not hold a lock a kernel's destructor
+/// takes (Python: call it without the GIL). Initializes nothing; idempotent.
 pub fn prepare_host_exit() {
     // A forked child has the parent's queues but none of its worker threads.
     if !device::is_in_bad_fork() {
-        device::existing_contexts().for_each(|ctx| ctx.streams.drain_all());
+        let deadline = exit_deadline();
+        let drained = device::existing_contexts().fold(true, |all, ctx| ctx.streams.drain_all(deadline) && all);
+        if !drained {
+            let abandoned: usize = device::existing_contexts().map(|ctx| ctx.streams.abandon_all()).sum();
+            log::once(
+                log::Level::Warn,
+                &format!(
+                    "exit: device work was still queued after OPENREG_EXIT_DRAIN_MS={} ms; {abandoned} queued kernels \
+                     were abandoned (call torch.openreg.synchronize() before exiting to finish them)",
+                    options::get().exit_drain_ms
+                ),
+            );
+        }
     }
     KERNEL_RELEASES.fetch_or(HOST_EXITING, Ordering::AcqRel);
     // Cold and short: a release in flight is a destructor already running.

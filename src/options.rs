@@ -4,9 +4,13 @@
 //! first use and then frozen for the life of the process; an invalid value is
 //! never fatal: it falls back as documented and warns once.
 
+use std::cell::RefCell;
+
 use once_cell::sync::Lazy;
 
 use crate::error::warn_once;
+use crate::log::Level;
+use crate::sync_debug::SyncDebugMode;
 
 /// The most devices the runtime will simulate. Bounded so that per-thread
 /// state can be fixed-size arrays (see `device.rs`).
@@ -44,7 +48,23 @@ pub struct Options {
     /// of their own, which slows the process's own CPU work (Note [Kernel
     /// threads] in cpp/device_memory.h).
     pub kernel_threads: usize,
+    /// `OPENREG_LOG`: the least severe message level shown (`crate::log`).
+    pub log_level: Level,
+    /// `OPENREG_EXIT_DRAIN_MS`: how long the host's exit waits for queued
+    /// work before abandoning it (Note [Bounded exit drain] in lifecycle.rs).
+    pub exit_drain_ms: u64,
+    /// `OPENREG_SYNC_DEBUG`: the initial sync-debug mode (`crate::sync_debug`).
+    pub sync_debug: SyncDebugMode,
+    /// The options whose variable was set, in the order read (`entries`
+    /// reports each option's source from it).
+    pub from_environment: Vec<&'static str>,
 }
+
+/// Messages shown when `OPENREG_LOG` is unset.
+pub const DEFAULT_LOG_LEVEL: Level = Level::Warn;
+
+/// How long exit waits for queued work when `OPENREG_EXIT_DRAIN_MS` is unset.
+pub const DEFAULT_EXIT_DRAIN_MS: u64 = 500;
 
 /// Each device's capacity when `OPENREG_DEVICE_MEMORY` is unset.
 pub const DEFAULT_DEVICE_MEMORY: usize = 4 << 30;
@@ -64,11 +84,25 @@ pub fn get() -> &'static Options {
     &OPTIONS
 }
 
+/// The options, unless they are still being read (their parsing warns
+/// through `crate::log`, which reads the log level from them).
+pub fn get_if_read() -> Option<&'static Options> {
+    Lazy::get(&OPTIONS)
+}
+
 impl Options {
     /// Parses options from any key lookup; `get()` uses the environment.
     /// Separate so tests can parse values without touching the process env.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Options {
-        Options {
+        let set = RefCell::new(Vec::new());
+        let lookup = |name: &'static str| {
+            let value = lookup(name);
+            if value.is_some() {
+                set.borrow_mut().push(name);
+            }
+            value
+        };
+        let mut options = Options {
             device_count: parse_device_count(lookup("OPENREG_DEVICE_COUNT")),
             launch_blocking: parse_flag("OPENREG_LAUNCH_BLOCKING", lookup("OPENREG_LAUNCH_BLOCKING"), false),
             worker_idle_ms: parse_u64("OPENREG_WORKER_IDLE_MS", lookup("OPENREG_WORKER_IDLE_MS"), 1000),
@@ -77,6 +111,21 @@ impl Options {
             random_threads: parse_u64("OPENREG_RANDOM_THREADS", lookup("OPENREG_RANDOM_THREADS"), 0).min(1024) as usize,
             autograd_on_caller: parse_flag("OPENREG_AUTOGRAD_ON_CALLER", lookup("OPENREG_AUTOGRAD_ON_CALLER"), true),
             kernel_threads: parse_u64("OPENREG_KERNEL_THREADS", lookup("OPENREG_KERNEL_THREADS"), 1).clamp(1, 1024) as usize,
+            log_level: parse_choice("OPENREG_LOG", lookup("OPENREG_LOG"), &Level::NAMES, DEFAULT_LOG_LEVEL),
+            exit_drain_ms: parse_u64("OPENREG_EXIT_DRAIN_MS", lookup("OPENREG_EXIT_DRAIN_MS"), DEFAULT_EXIT_DRAIN_MS),
+            sync_debug: parse_choice("OPENREG_SYNC_DEBUG", lookup("OPENREG_SYNC_DEBUG"), &SyncDebugMode::NAMES, SyncDebugMode::Default),
+            from_environment: Vec::new(),
+        };
+        options.from_environment = set.into_inner();
+        options
+    }
+
+    /// Where `name`'s value comes from: "environment" or "default".
+    pub fn source(&self, name: &str) -> &'static str {
+        if self.from_environment.contains(&name) {
+            "environment"
+        } else {
+            "default"
         }
     }
 
@@ -122,6 +171,21 @@ impl Options {
                 value: self.kernel_threads.to_string(),
                 help: "OpenMP threads a device kernel uses (default 1; more slows the process's own CPU work)",
             },
+            OptionEntry {
+                name: "OPENREG_LOG",
+                value: self.log_level.name().to_string(),
+                help: "least severe runtime message shown: error, warn (default), info or debug",
+            },
+            OptionEntry {
+                name: "OPENREG_EXIT_DRAIN_MS",
+                value: self.exit_drain_ms.to_string(),
+                help: "milliseconds exit waits for queued device work before abandoning it (default 500)",
+            },
+            OptionEntry {
+                name: "OPENREG_SYNC_DEBUG",
+                value: self.sync_debug.name().to_string(),
+                help: "initial set_sync_debug_mode: default, warn or error on host-blocking operations",
+            },
         ]
     }
 }
@@ -160,6 +224,23 @@ fn parse_u64(name: &str, raw: Option<String>, default: u64) -> u64 {
             default
         }),
     }
+}
+
+/// One of `choices` by name (case-insensitive).
+fn parse_choice<T: Copy + PartialEq>(name: &str, raw: Option<String>, choices: &[(&'static str, T)], default: T) -> T {
+    let Some(raw) = raw else { return default };
+    let text = raw.trim().to_ascii_lowercase();
+    if let Some((_, value)) = choices.iter().find(|(choice, _)| *choice == text) {
+        return *value;
+    }
+    let default_name = choices.iter().find(|(_, v)| *v == default);
+    let accepted: Vec<&str> = choices.iter().map(|(choice, _)| *choice).collect();
+    warn_once(&format!(
+        "{name}={raw:?} is invalid (expected one of {}); using {}",
+        accepted.join(", "),
+        default_name.map_or("the default", |(n, _)| n)
+    ));
+    default
 }
 
 /// A byte count: digits with an optional K, M or G (binary) suffix.
@@ -216,6 +297,20 @@ mod tests {
         assert!(parse(&[("OPENREG_MEMORY_PROTECT", "1")]).memory_protect);
         assert_eq!(parse(&[("OPENREG_RANDOM_THREADS", "3")]).random_threads, 3);
         assert_eq!(parse(&[]).random_threads, 0);
+    }
+
+    #[test]
+    fn choices_and_sources() {
+        let o = parse(&[("OPENREG_LOG", "DEBUG"), ("OPENREG_SYNC_DEBUG", "error"), ("OPENREG_EXIT_DRAIN_MS", "20")]);
+        assert_eq!(o.log_level, Level::Debug);
+        assert_eq!(o.sync_debug, SyncDebugMode::Error);
+        assert_eq!(o.exit_drain_ms, 20);
+        assert_eq!(o.source("OPENREG_LOG"), "environment");
+        assert_eq!(o.source("OPENREG_DEVICE_COUNT"), "default");
+        let d = parse(&[("OPENREG_LOG", "loud")]);
+        assert_eq!(d.log_level, DEFAULT_LOG_LEVEL);
+        assert_eq!(d.exit_drain_ms, DEFAULT_EXIT_DRAIN_MS);
+        assert_eq!(d.sync_debug, SyncDebugMode::Default);
     }
 
     #[test]

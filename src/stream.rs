@@ -73,6 +73,8 @@ struct QueueState {
     worker_running: bool,
     /// A task runs on a caller's thread (Note [Inline launches]).
     inline_running: bool,
+    /// When the task running now started (Note [Op timeout]).
+    running_since: Option<Instant>,
     shutting_down: bool,
     /// A task that panicked; reported by the next `synchronize`.
     deferred_error: Option<Error>,
@@ -105,6 +107,7 @@ impl StreamQueue {
                 completed: 0,
                 worker_running: false,
                 inline_running: false,
+                running_since: None,
                 shutting_down: false,
                 deferred_error: None,
             }),
@@ -156,6 +159,9 @@ impl StreamQueue {
             } else {
                 self.spawn_worker(&mut st)?;
             }
+            if st.completed == self.marker() {
+                crate::utilization::stream_became_busy(self.device); // Note [Busy clock]
+            }
             // The worker cannot take the task before the lock is released.
             self.count_submission(&st)
         };
@@ -188,13 +194,22 @@ impl StreamQueue {
         loop {
             if !st.inline_running {
                 if let Some(task) = st.tasks.pop_front() {
+                    st.running_since = Some(Instant::now());
                     drop(st);
+                    let is_kernel = matches!(task, Task::Run(_));
                     let outcome = catch_unwind(AssertUnwindSafe(|| run(task)));
                     st = self.state.lock();
+                    st.running_since = None;
                     if let Err(e) = self.flatten(outcome) {
                         st.deferred_error.get_or_insert(e);
                     }
+                    if is_kernel {
+                        self.maybe_inject_kernel_fault(&mut st);
+                    }
                     st.completed += 1;
+                    if st.completed == self.marker() {
+                        crate::utilization::stream_became_idle(self.device);
+                    }
                     self.progress.notify_all();
                     continue;
                 }
@@ -233,15 +248,31 @@ impl StreamQueue {
         if st.completed != self.marker() || st.shutting_down {
             return false;
         }
+        crate::utilization::stream_became_busy(self.device);
         self.count_submission(&st);
         st.inline_running = true;
+        st.running_since = Some(Instant::now());
         true
+    }
+
+    /// Parks an injected kernel failure, reported by the next synchronize
+    /// (Note [Injected faults]).
+    fn maybe_inject_kernel_fault(&self, st: &mut QueueState) {
+        if crate::fault::strikes(crate::fault::Fault::Kernel) {
+            let what = format!("a kernel on {self} failed");
+            st.deferred_error.get_or_insert(crate::fault::error(crate::fault::Fault::Kernel, &what));
+        }
     }
 
     /// Completes the work reserved by `try_begin_inline`.
     pub fn end_inline(&self) {
         let mut st = self.state.lock();
+        self.maybe_inject_kernel_fault(&mut st);
+        st.running_since = None;
         st.completed += 1;
+        if st.completed == self.marker() {
+            crate::utilization::stream_became_idle(self.device);
+        }
         st.inline_running = false;
         self.progress.notify_all();
         // Work queued behind the inline task waits for this; an idle worker
@@ -263,12 +294,23 @@ impl StreamQueue {
         self.wait_for(self.marker(), true)
     }
 
-    /// Waits until `seq` tasks have completed. With `take_error`, a parked
-    /// task failure is returned (once) instead of `Ok`.
+    /// Waits until `seq` tasks have completed. With `take_error` (a user's
+    /// wait), a parked task failure is returned (once) instead of `Ok`, and
+    /// a task running longer than the op timeout ends the wait with an error
+    /// (Note [Op timeout]).
     pub fn wait_for(&self, seq: u64, take_error: bool) -> Result<()> {
         let mut st = self.state.lock();
         while st.completed < seq {
-            self.progress.wait(&mut st);
+            match crate::op_timeout::limit().filter(|_| take_error) {
+                None => self.progress.wait(&mut st),
+                Some(limit) => {
+                    let started = st.running_since.unwrap_or_else(Instant::now);
+                    if started.elapsed() >= limit {
+                        return Err(self.timed_out(started.elapsed(), limit));
+                    }
+                    self.progress.wait_until(&mut st, started + limit);
+                }
+            }
         }
         match st.deferred_error.take() {
             Some(e) if take_error => Err(e),
@@ -277,6 +319,19 @@ impl StreamQueue {
                 Ok(())
             }
         }
+    }
+
+    #[cold]
+    fn timed_out(&self, running: Duration, limit: Duration) -> Error {
+        Error::new(
+            ErrorKind::NotReady,
+            format!(
+                "openreg op timeout: the kernel running on {self} has run for {} ms, longer than the {} ms of \
+                 torch.openreg.set_op_timeout_ms; the wait gave up (the kernel keeps running)",
+                running.as_millis(),
+                limit.as_millis()
+            ),
+        )
     }
 
     /// The current end of the stream: it has passed this point once it has
@@ -316,14 +371,58 @@ impl StreamQueue {
         }
     }
 
-    /// Drains the queue and stops the worker (runtime finalization).
-    pub(crate) fn shut_down(&self) {
+    /// Waits until `seq` tasks have completed or `deadline` passed; returns
+    /// whether they completed. Leaves parked failures alone.
+    pub fn wait_until(&self, seq: u64, deadline: Instant) -> bool {
+        let mut st = self.state.lock();
+        while st.completed < seq {
+            if self.progress.wait_until(&mut st, deadline).timed_out() {
+                return st.completed >= seq;
+            }
+        }
+        true
+    }
+
+    /// Gives up the queued tasks that have not started (Note [Bounded exit
+    /// drain] in lifecycle.rs) and returns how many. They are leaked, not
+    /// dropped: what they captured may need an interpreter that is going
+    /// away. They count as completed, so no waiter hangs; the stream's next
+    /// synchronize reports them.
+    pub(crate) fn abandon_queued(&self) -> usize {
+        let mut st = self.state.lock();
+        let abandoned = std::mem::take(&mut st.tasks);
+        let count = abandoned.len();
+        std::mem::forget(abandoned);
+        if count == 0 {
+            return 0;
+        }
+        st.completed += count as u64;
+        st.deferred_error
+            .get_or_insert_with(|| Error::invalid_value(format!("{self}: {count} queued kernels were abandoned at exit")));
+        if st.completed == self.marker() {
+            crate::utilization::stream_became_idle(self.device);
+        }
+        self.progress.notify_all();
+        count
+    }
+
+    /// Drains the queue and stops the worker (runtime finalization), waiting
+    /// until `deadline` at most; returns whether the worker stopped.
+    pub(crate) fn shut_down(&self, deadline: Option<Instant>) -> bool {
         let mut st = self.state.lock();
         st.shutting_down = true;
         self.work_available.notify_all();
         while st.worker_running {
-            self.progress.wait(&mut st);
+            match deadline {
+                Some(deadline) => {
+                    if self.progress.wait_until(&mut st, deadline).timed_out() {
+                        return !st.worker_running;
+                    }
+                }
+                None => self.progress.wait(&mut st),
+            }
         }
+        true
     }
 }
 
@@ -396,14 +495,22 @@ impl DeviceStreams {
         self.streams.iter().try_for_each(StreamQueue::synchronize)
     }
 
-    /// Waits for the work submitted so far on every stream, leaving parked
-    /// failures for the next `synchronize` (Note [Host exit] in lifecycle.rs).
-    pub(crate) fn drain_all(&self) {
-        self.streams.iter().for_each(|s| drop(s.wait_for(s.marker(), false)));
+    /// Waits for the work submitted so far on every stream until `deadline`,
+    /// leaving parked failures for the next `synchronize` (Note [Host exit]
+    /// in lifecycle.rs); returns whether all of it completed.
+    pub(crate) fn drain_all(&self, deadline: Instant) -> bool {
+        self.streams.iter().all(|s| s.wait_until(s.marker(), deadline))
     }
 
-    pub(crate) fn shut_down_all(&self) {
-        self.streams.iter().for_each(StreamQueue::shut_down);
+    /// Abandons every stream's queued tasks; returns how many there were.
+    pub(crate) fn abandon_all(&self) -> usize {
+        self.streams.iter().map(StreamQueue::abandon_queued).sum()
+    }
+
+    /// Stops every worker, waiting until `deadline` at most; returns whether
+    /// all stopped.
+    pub(crate) fn shut_down_all(&self, deadline: Option<Instant>) -> bool {
+        self.streams.iter().fold(true, |all, s| s.shut_down(deadline) && all)
     }
 
     /// How many of this device's streams have a live worker thread.

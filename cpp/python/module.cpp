@@ -35,9 +35,21 @@ static bool parse_device(PyObject* arg, int* device) {
   return true;
 }
 
+// Out of device memory is torch.OutOfMemoryError (a RuntimeError), as for
+// allocations through PyTorch; everything else a RuntimeError.
 static PyObject* raise_error(int code) {
   const char* detail = orGetLastErrorMessage();
-  PyErr_SetString(PyExc_RuntimeError, detail && detail[0] ? detail : orGetErrorString(code));
+  PyObject* type = PyExc_RuntimeError;
+  PyObject* torch = NULL;
+  PyObject* oom = NULL;
+  if (code == orErrorMemoryAllocation && (torch = PyImport_ImportModule("torch")) != NULL)
+    oom = PyObject_GetAttrString(torch, "OutOfMemoryError");
+  PyErr_Clear();
+  if (oom)
+    type = oom;
+  PyErr_SetString(type, detail && detail[0] ? detail : orGetErrorString(code));
+  Py_XDECREF(oom);
+  Py_XDECREF(torch);
   return NULL;
 }
 
@@ -99,7 +111,26 @@ static PyObject* has_primary_context(PyObject* self, PyObject* arg) {
   return PyBool_FromLong(has);
 }
 
+// Collects c10 warnings (TORCH_WARN) instead of printing them.
+struct CollectWarnings final : c10::WarningHandler {
+  std::vector<std::string> messages;
+  void process(const c10::Warning& warning) override {
+    messages.push_back(warning.msg());
+  }
+};
+
+// Re-issues collected warnings as Python UserWarnings; false if one became
+// an exception (-W error).
+static bool warn_in_python(const CollectWarnings& collected) {
+  for (const std::string& message : collected.messages) {
+    if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0)
+      return false;
+  }
+  return true;
+}
+
 // synchronize(device): waits for every stream of `device`, without the GIL.
+// Its sync-debug warning (Note [Sync debug]) becomes a Python warning.
 static PyObject* synchronize(PyObject* self, PyObject* arg) {
   int device = 0, previous = 0;
   if (!parse_device(arg, &device))
@@ -107,10 +138,16 @@ static PyObject* synchronize(PyObject* self, PyObject* arg) {
   CHECK(orGetDevice(&previous));
   CHECK(orSetDevice(device));
   int code;
-  Py_BEGIN_ALLOW_THREADS
-  code = orDeviceSynchronize();
-  Py_END_ALLOW_THREADS
+  CollectWarnings collected;
+  {
+    c10::WarningUtils::WarningHandlerGuard guard(&collected);
+    Py_BEGIN_ALLOW_THREADS
+    code = orDeviceSynchronize();
+    Py_END_ALLOW_THREADS
+  }
   orSetDevice(previous);
+  if (!warn_in_python(collected))
+    return NULL;
   CHECK(code);
   Py_RETURN_NONE;
 }
@@ -132,8 +169,9 @@ static PyObject* device_properties(PyObject* self, PyObject* arg) {
   orDeviceProp prop;
   CHECK(orGetDeviceProperties(&prop, device));
   return Py_BuildValue(
-      "{s:s,s:i,s:i,s:i,s:K}", "name", prop.name, "major", prop.major, "minor", prop.minor,
-      "multi_processor_count", prop.multiProcessorCount, "total_memory", (unsigned long long)prop.totalGlobalMem);
+      "{s:s,s:i,s:i,s:i,s:K,s:y#}", "name", prop.name, "major", prop.major, "minor", prop.minor,
+      "multi_processor_count", prop.multiProcessorCount, "total_memory", (unsigned long long)prop.totalGlobalMem,
+      "uuid", (const char*)prop.uuid, (Py_ssize_t)sizeof(prop.uuid));
 }
 
 static PyObject* live_worker_count(PyObject* self, PyObject* arg) {
@@ -195,6 +233,186 @@ static PyObject* prepare_exit(PyObject* self, PyObject* unused) {
   Py_RETURN_NONE;
 }
 
+static PyObject* utilization(PyObject* self, PyObject* arg) {
+  int device = 0, percent = 0;
+  if (!parse_device(arg, &device))
+    return NULL;
+  CHECK(orDeviceGetUtilization(device, &percent));
+  return PyLong_FromLong(percent);
+}
+
+static PyObject* can_access_peer(PyObject* self, PyObject* args) {
+  PyObject *device_arg, *peer_arg;
+  int device = 0, peer = 0, can = 0;
+  if (!PyArg_ParseTuple(args, "OO", &device_arg, &peer_arg) || !parse_device(device_arg, &device) ||
+      !parse_device(peer_arg, &peer))
+    return NULL;
+  CHECK(orDeviceCanAccessPeer(&can, device, peer));
+  return PyBool_FromLong(can);
+}
+
+static PyObject* get_memory_fraction(PyObject* self, PyObject* arg) {
+  int device = 0;
+  double fraction = 0;
+  if (!parse_device(arg, &device))
+    return NULL;
+  CHECK(orGetMemoryFraction(device, &fraction));
+  return PyFloat_FromDouble(fraction);
+}
+
+static PyObject* set_sync_debug_mode(PyObject* self, PyObject* arg) {
+  long mode = PyLong_AsLong(arg);
+  if (mode == -1 && PyErr_Occurred())
+    return NULL;
+  CHECK(orSetSyncDebugMode((int)mode));
+  Py_RETURN_NONE;
+}
+
+static PyObject* get_sync_debug_mode(PyObject* self, PyObject* unused) {
+  return PyLong_FromLong(orGetSyncDebugMode());
+}
+
+/* _malloc(size) / _free(ptr): device memory from the caching allocator, for
+ * the current stream of the current device (caching_allocator_alloc). */
+static PyObject* device_malloc(PyObject* self, PyObject* arg) {
+  unsigned long long size = PyLong_AsUnsignedLongLong(arg);
+  if (PyErr_Occurred())
+    return NULL;
+  void* ptr = NULL;
+  CHECK(orMalloc(&ptr, (size_t)size));
+  return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)ptr);
+}
+
+static PyObject* device_free(PyObject* self, PyObject* arg) {
+  unsigned long long ptr = PyLong_AsUnsignedLongLong(arg);
+  if (PyErr_Occurred())
+    return NULL;
+  CHECK(orFree((void*)(uintptr_t)ptr));
+  Py_RETURN_NONE;
+}
+
+/* _stream_of_handle(handle): (device, id) of a native stream handle
+ * (ExternalStream); a handle that is not a stream is an error. */
+static PyObject* stream_of_handle(PyObject* self, PyObject* arg) {
+  unsigned long long handle = PyLong_AsUnsignedLongLong(arg);
+  if (PyErr_Occurred())
+    return NULL;
+  int device = 0;
+  int64_t id = 0;
+  CHECK(orStreamGetId((orStream_t)(uintptr_t)handle, &device, &id));
+  return Py_BuildValue("(iL)", device, (long long)id);
+}
+
+/* The stack collector of memory history: the calling thread's Python
+ * frames, innermost first, one "file<TAB>line<TAB>function" per line. Torch
+ * ops run without the GIL, so it takes the GIL (as PyTorch's CUDA allocator
+ * does for its stacks), but only on a thread that Python knows: never on a
+ * stream worker, nor once the interpreter finalizes (NULL then). */
+static const char* python_stack(void) {
+  static thread_local std::string text;
+  if (!Py_IsInitialized() || _Py_IsFinalizing() || PyGILState_GetThisThreadState() == NULL)
+    return NULL;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  text.clear();
+  PyFrameObject* frame = PyEval_GetFrame();
+  Py_XINCREF(frame);
+  while (frame) {
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    PyObject* filename = PyObject_GetAttrString((PyObject*)code, "co_filename");
+    PyObject* name = PyObject_GetAttrString((PyObject*)code, "co_name");
+    const char* file_text = filename ? PyUnicode_AsUTF8(filename) : NULL;
+    const char* name_text = name ? PyUnicode_AsUTF8(name) : NULL;
+    text += file_text ? file_text : "?";
+    text += '\t';
+    text += std::to_string(PyFrame_GetLineNumber(frame));
+    text += '\t';
+    text += name_text ? name_text : "?";
+    text += '\n';
+    Py_XDECREF(filename);
+    Py_XDECREF(name);
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(frame);
+    Py_DECREF(frame);
+    frame = back;
+  }
+  PyErr_Clear();
+  PyErr_Restore(type, value, traceback);
+  PyGILState_Release(gil);
+  return text.c_str();
+}
+
+/* _record_memory_history(enabled, trace, stacks, max_entries) */
+static PyObject* record_memory_history(PyObject* self, PyObject* args) {
+  int enabled, trace, stacks;
+  unsigned long long max_entries;
+  if (!PyArg_ParseTuple(args, "ppiK", &enabled, &trace, &stacks, &max_entries))
+    return NULL;
+  orSetStackCollector(python_stack);
+  CHECK(orRecordMemoryHistory(enabled, trace, stacks, (size_t)max_entries));
+  Py_RETURN_NONE;
+}
+
+static PyObject* memory_snapshot(PyObject* self, PyObject* unused) {
+  const char* json = NULL;
+  CHECK(orMemorySnapshot(&json));
+  return PyUnicode_FromString(json);
+}
+
+/* _host_memory_stats(): {name: [current, peak, allocated, freed] or count}. */
+static PyObject* host_memory_stats(PyObject* self, PyObject* unused) {
+  orHostMemoryStats s;
+  CHECK(orGetHostMemoryStats(&s));
+  return Py_BuildValue(
+      "{s:[LLLL],s:[LLLL],s:L,s:L}", "allocations", (long long)s.allocations[0], (long long)s.allocations[1],
+      (long long)s.allocations[2], (long long)s.allocations[3], "allocated_bytes", (long long)s.allocated_bytes[0],
+      (long long)s.allocated_bytes[1], (long long)s.allocated_bytes[2], (long long)s.allocated_bytes[3],
+      "num_host_alloc", (long long)s.num_host_alloc, "num_host_free", (long long)s.num_host_free);
+}
+
+/* _reset_host_memory_stats(peak, accumulated) */
+static PyObject* reset_host_memory_stats(PyObject* self, PyObject* args) {
+  int peak, accumulated;
+  if (!PyArg_ParseTuple(args, "pp", &peak, &accumulated))
+    return NULL;
+  CHECK(orResetHostMemoryStats(peak, accumulated));
+  Py_RETURN_NONE;
+}
+
+static PyObject* set_op_timeout_ms(PyObject* self, PyObject* arg) {
+  unsigned long long ms = PyLong_AsUnsignedLongLong(arg);
+  if (PyErr_Occurred())
+    return NULL;
+  orSetOpTimeoutMs((uint64_t)ms);
+  Py_RETURN_NONE;
+}
+
+static PyObject* get_op_timeout_ms(PyObject* self, PyObject* unused) {
+  return PyLong_FromUnsignedLongLong((unsigned long long)orGetOpTimeoutMs());
+}
+
+/* _inject_fault(kind, after) */
+static PyObject* inject_fault(PyObject* self, PyObject* args) {
+  const char* kind;
+  unsigned long long after;
+  if (!PyArg_ParseTuple(args, "sK", &kind, &after))
+    return NULL;
+  CHECK(orInjectFault(kind, (uint64_t)after));
+  Py_RETURN_NONE;
+}
+
+/* _finalize(): release the runtime now (orFinalize), without the GIL: the
+ * streams drain first, and a kernel's captures may need it. */
+static PyObject* finalize(PyObject* self, PyObject* unused) {
+  int code;
+  Py_BEGIN_ALLOW_THREADS
+  code = orFinalize();
+  Py_END_ALLOW_THREADS
+  CHECK(code);
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"_device_count", device_count, METH_NOARGS, "Number of openreg devices (never initializes)."},
     {"_get_device", get_device, METH_NOARGS, "This thread's current openreg device."},
@@ -213,18 +431,26 @@ static PyMethodDef methods[] = {
     {"_sleep", sleep_kernel, METH_O, "Queue a kernel that sleeps for the given milliseconds."},
     {"_prepare_exit", prepare_exit, METH_NOARGS, "At exit: drain the streams before the interpreter finalizes."},
     {"_get_default_generator", openreg_get_default_generator, METH_O, "The default torch.Generator of a device."},
+    {"_utilization", utilization, METH_O, "Percent of the last second a device's streams had work."},
+    {"_can_device_access_peer", can_access_peer, METH_VARARGS, "(device, peer): peer access."},
+    {"_get_memory_fraction", get_memory_fraction, METH_O, "A device's per-process memory fraction."},
+    {"_set_sync_debug_mode", set_sync_debug_mode, METH_O, "0 default, 1 warn, 2 error."},
+    {"_get_sync_debug_mode", get_sync_debug_mode, METH_NOARGS, "0 default, 1 warn, 2 error."},
+    {"_malloc", device_malloc, METH_O, "Device memory for the current stream."},
+    {"_free", device_free, METH_O, "Free device memory from _malloc."},
+    {"_stream_of_handle", stream_of_handle, METH_O, "(device, id) of a native stream handle."},
+    {"_record_memory_history", record_memory_history, METH_VARARGS, "(enabled, trace, stacks, max_entries)."},
+    {"_memory_snapshot", memory_snapshot, METH_NOARGS, "Allocator state and events, as JSON."},
+    {"_finalize", finalize, METH_NOARGS, "Release the runtime now."},
+    {"_inject_fault", inject_fault, METH_VARARGS, "(kind, after): arm an injected fault."},
+    {"_set_op_timeout_ms", set_op_timeout_ms, METH_O, "Synchronize gives up on kernels longer than this (0: never)."},
+    {"_get_op_timeout_ms", get_op_timeout_ms, METH_NOARGS, "The op timeout in ms (0: none)."},
+    {"_host_memory_stats", host_memory_stats, METH_NOARGS, "Pinned host allocator statistics."},
+    {"_reset_host_memory_stats", reset_host_memory_stats, METH_VARARGS, "(peak, accumulated)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "torch_openreg._C", NULL, -1, methods};
-
-// Collects c10 warnings (TORCH_WARN) instead of printing them.
-struct CollectWarnings final : c10::WarningHandler {
-  std::vector<std::string> messages;
-  void process(const c10::Warning& warning) override {
-    messages.push_back(warning.msg());
-  }
-};
 
 // The runtime reads its options on first use and warns about invalid ones
 // through TORCH_WARN. Reading them here, at import, turns those warnings into
@@ -236,11 +462,7 @@ static bool read_options_with_python_warnings() {
     c10::WarningUtils::WarningHandlerGuard guard(&collected);
     orGetOptions();
   }
-  for (const std::string& message : collected.messages) {
-    if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0)
-      return false;
-  }
-  return true;
+  return warn_in_python(collected);
 }
 
 PyMODINIT_FUNC PyInit__C(void) {

@@ -267,8 +267,9 @@ def test_options():
     opts = torch.openreg.options()
     for name in ("OPENREG_DEVICE_COUNT", "OPENREG_LAUNCH_BLOCKING", "OPENREG_WORKER_IDLE_MS"):
         assert name in opts
-        assert set(opts[name]) == {"value", "help"}
+        assert set(opts[name]) == {"value", "source", "help"}
         assert opts[name]["help"]
+        assert opts[name]["source"] in ("environment", "default")
     assert int(opts["OPENREG_DEVICE_COUNT"]["value"]) == torch.openreg.device_count()
 
 

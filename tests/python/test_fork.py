@@ -86,7 +86,7 @@ FORK = script(
     timeout=90,
 )
 
-FORK_MESSAGE = "RuntimeError: openreg cannot be used in a forked subprocess"
+FORK_MESSAGE = "RuntimeError: Cannot re-initialize openreg in forked subprocess. To use openreg with multiprocessing, you must use the 'spawn' start method"
 
 
 @pytest.fixture(scope="module")

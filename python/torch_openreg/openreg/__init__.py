@@ -14,28 +14,50 @@ import torch
 
 from torch_openreg import _C
 
+from . import memory
 from ._device import (
+    can_device_access_peer,
     current_device,
     device,
     device_count,
     device_of,
+    get_arch_list,
+    get_device_capability,
     get_device_name,
     get_device_properties,
     init,
     is_available,
+    is_bf16_supported,
     is_initialized,
+    is_tf32_supported,
     set_device,
     synchronize,
+    utilization,
 )
 from ._memory import (
+    caching_allocator_alloc,
+    caching_allocator_delete,
+    device_memory_used,
     empty_cache,
+    get_allocator_backend,
+    get_per_process_memory_fraction,
+    host_memory_stats,
+    host_memory_stats_as_nested_dict,
     max_memory_allocated,
+    max_memory_cached,
     max_memory_reserved,
     mem_get_info,
     memory_allocated,
+    memory_cached,
     memory_reserved,
     memory_stats,
+    memory_stats_as_nested_dict,
+    memory_summary,
+    reset_accumulated_host_memory_stats,
     reset_accumulated_memory_stats,
+    reset_max_memory_allocated,
+    reset_max_memory_cached,
+    reset_peak_host_memory_stats,
     reset_peak_memory_stats,
     set_per_process_memory_fraction,
 )
@@ -50,15 +72,55 @@ from ._random import (
     set_rng_state,
     set_rng_state_all,
 )
+from ._snapshot import memory_snapshot
 from ._streams import (
     Event,
+    ExternalStream,
     Stream,
     StreamContext,
     current_stream,
     default_stream,
+    get_stream_from_external,
     set_stream,
     stream,
 )
+from ._sync_debug import get_op_timeout_ms, get_sync_debug_mode, set_op_timeout_ms, set_sync_debug_mode
+
+OutOfMemoryError = torch.OutOfMemoryError
+has_half = True
+has_magma = False
+
+
+def __getattr__(name: str) -> Any:
+    # default_generators: built on first access, not at import (creating a
+    # device's generator must not initialize the runtime before it is used).
+    if name == "default_generators":
+        return tuple(_C._get_default_generator(i) for i in range(device_count()))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _inject_fault(kind: str, after: int = 0) -> None:
+    """Make the next-but-``after`` operation of ``kind`` fail once, to test
+    error handling (Note [Injected faults] in src/fault.rs): ``"alloc"`` (an
+    allocation raises ``torch.OutOfMemoryError``), ``"kernel"`` (a kernel is
+    reported failed by its stream's next synchronizing call), ``"event"`` (an
+    event record raises) or ``"enumerate"`` (``device_count()`` reports 0).
+    The runtime stays usable after each."""
+    if not isinstance(kind, str):
+        raise TypeError(f"_inject_fault: kind must be a str, got {kind!r}")
+    if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+        raise ValueError(f"_inject_fault: after must be a non-negative int, got {after!r}")
+    try:
+        _C._inject_fault(kind, after)
+    except RuntimeError as e:
+        raise ValueError(str(e)) from None
+
+
+def _finalize() -> None:
+    """Release the runtime now (drain and stop the streams, return cached
+    memory, in priority order), for embedders that tear down early; later
+    device work raises. The process does this itself at exit."""
+    _C._finalize()
 
 
 def _is_in_bad_fork() -> bool:
@@ -72,11 +134,12 @@ def _sleep(milliseconds: float) -> None:
 
 
 def options() -> dict[str, dict[str, Any]]:
-    """The ``OPENREG_*`` options in force: ``{name: {"value": ..., "help": ...}}``."""
+    """The ``OPENREG_*`` options in force: ``{name: {"value": ..., "source":
+    "environment" or "default", "help": ...}}``."""
     result = {}
     for line in _C._options().splitlines():
-        name, value, help_text = line.split("\t", 2)
-        result[name] = {"value": value, "help": help_text}
+        name, value, source, help_text = line.split("\t", 3)
+        result[name] = {"value": value, "source": source, "help": help_text}
     return result
 
 
@@ -87,33 +150,62 @@ def stream_priority_range() -> tuple[int, int]:
 
 __all__ = [
     "Event",
+    "ExternalStream",
+    "OutOfMemoryError",
     "Stream",
     "StreamContext",
+    "caching_allocator_alloc",
+    "caching_allocator_delete",
+    "can_device_access_peer",
     "current_device",
     "current_stream",
     "default_stream",
     "device",
     "device_count",
+    "device_memory_used",
     "device_of",
     "empty_cache",
+    "get_allocator_backend",
+    "get_arch_list",
+    "get_device_capability",
     "get_device_name",
     "get_device_properties",
+    "get_per_process_memory_fraction",
     "get_rng_state",
     "get_rng_state_all",
+    "get_stream_from_external",
+    "get_op_timeout_ms",
+    "get_sync_debug_mode",
+    "has_half",
+    "has_magma",
+    "host_memory_stats",
+    "host_memory_stats_as_nested_dict",
     "init",
     "initial_seed",
     "is_available",
+    "is_bf16_supported",
     "is_initialized",
+    "is_tf32_supported",
     "manual_seed",
     "manual_seed_all",
     "max_memory_allocated",
+    "max_memory_cached",
     "max_memory_reserved",
     "mem_get_info",
+    "memory",
     "memory_allocated",
+    "memory_cached",
     "memory_reserved",
+    "memory_snapshot",
     "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_summary",
     "options",
+    "reset_accumulated_host_memory_stats",
     "reset_accumulated_memory_stats",
+    "reset_max_memory_allocated",
+    "reset_max_memory_cached",
+    "reset_peak_host_memory_stats",
     "reset_peak_memory_stats",
     "seed",
     "seed_all",
@@ -122,7 +214,10 @@ __all__ = [
     "set_rng_state",
     "set_rng_state_all",
     "set_stream",
+    "set_op_timeout_ms",
+    "set_sync_debug_mode",
     "stream",
     "stream_priority_range",
     "synchronize",
+    "utilization",
 ]

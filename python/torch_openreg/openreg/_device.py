@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid as _uuid
 from typing import Any, NamedTuple
 
 import torch
@@ -92,15 +93,57 @@ class _DeviceProperties(NamedTuple):
     minor: int
     multi_processor_count: int
     total_memory: int
+    uuid: _uuid.UUID
 
 
 def get_device_properties(device: Any = None) -> _DeviceProperties:
-    """Name, capability (major, minor), core count and capacity of ``device``."""
+    """Name, capability (major, minor), core count, capacity and UUID (stable
+    for the device index, as a GPU's is for the physical device) of ``device``."""
     index = _device_index(device, optional=True)
     props = _C._get_device_properties(index)
     return _DeviceProperties(
-        props["name"], index, props["major"], props["minor"], props["multi_processor_count"], props["total_memory"]
+        props["name"],
+        index,
+        props["major"],
+        props["minor"],
+        props["multi_processor_count"],
+        props["total_memory"],
+        _uuid.UUID(bytes=props["uuid"]),
     )
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    """(major, minor) version of ``device``."""
+    props = get_device_properties(device)
+    return props.major, props.minor
+
+
+def get_arch_list() -> list[str]:
+    """The device architectures this build supports: the one simulated architecture."""
+    props = _C._get_device_properties(0) if _C._device_count() > 0 else None
+    return [] if props is None else [f"openreg_{props['major']}{props['minor']}"]
+
+
+def can_device_access_peer(device: Any, peer_device: Any) -> bool:
+    """Whether ``device`` can use memory of ``peer_device`` directly: true for
+    any two openreg devices (their memory is host memory)."""
+    return _C._can_device_access_peer(_valid_index(device), _valid_index(peer_device))
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """bfloat16 tensors and kernels work on openreg (natively: no emulation)."""
+    return is_available()
+
+
+def is_tf32_supported() -> bool:
+    """False: openreg kernels compute float32 in float32 (TF32 is a GPU matmul mode)."""
+    return False
+
+
+def utilization(device: Any = None) -> int:
+    """Percent (0..100) of the last second during which a stream of ``device``
+    had work, measured by the runtime (Note [Busy clock] in src/utilization.rs)."""
+    return _C._utilization(_valid_index(device))
 
 
 def get_device_name(device: Any = None) -> str:

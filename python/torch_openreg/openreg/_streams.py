@@ -97,3 +97,25 @@ def stream(stream: torch.Stream | None) -> StreamContext:
 
 # torch.Stream stores its device type as the integer code of c10::DeviceType.
 _PRIVATEUSE1_TYPE_CODE = 20
+
+
+class ExternalStream(Stream):
+    """Wraps a stream given by its native handle (``Stream.native_handle``, an
+    ``orStream_t`` of the C ABI in ``openreg.h``), as ``torch.cuda.ExternalStream``
+    wraps a ``cudaStream_t``. The handle must name an openreg stream (its
+    device is the stream's own; a ``device`` argument must agree)."""
+
+    def __new__(cls, stream_ptr: int, device: Any = None, **kwargs: Any) -> "ExternalStream":
+        from torch_openreg import _C
+
+        if kwargs:
+            raise TypeError(f"ExternalStream: unexpected arguments {sorted(kwargs)}")
+        index, stream_id = _C._stream_of_handle(stream_ptr)
+        if device is not None and _valid_index(device) != index:
+            raise ValueError(f"ExternalStream: handle {stream_ptr:#x} is a stream of openreg device {index}, not of {device}")
+        return super().__new__(cls, stream_id=stream_id, device_index=index, device_type=_PRIVATEUSE1_TYPE_CODE)
+
+
+def get_stream_from_external(data_ptr: int, device: Any = None) -> Stream:
+    """An openreg stream from its native handle (see ``ExternalStream``)."""
+    return ExternalStream(data_ptr, device)

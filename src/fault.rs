@@ -1,0 +1,85 @@
+//! Fault injection (`torch.openreg._inject_fault(kind, after=N)`): lets
+//! users test their error handling without a failing device.
+//!
+//! Note [Injected faults]: each kind of fault has a countdown. Arming it with
+//! `after = N` lets N more operations of that kind succeed; the next one
+//! fails, once, and the countdown is disarmed again. Every injected failure
+//! is an ordinary runtime error whose message says it was injected, and the
+//! runtime stays usable after it:
+//! - `Alloc`: a device allocation fails as out of memory (`torch.OutOfMemoryError`);
+//! - `Kernel`: a kernel (queued or run inline) is reported failed after it
+//!   ran, like a CUDA sticky error: the stream's next synchronizing call raises;
+//! - `Event`: an event record fails;
+//! - `Enumerate`: the device count (`orGetDeviceCount`) reports 0 devices.
+//! Disarmed, a check is one relaxed atomic load.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{Error, ErrorKind, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    Alloc = 0,
+    Kernel = 1,
+    Event = 2,
+    Enumerate = 3,
+}
+
+impl Fault {
+    pub const NAMES: [(&'static str, Fault); 4] =
+        [("alloc", Fault::Alloc), ("kernel", Fault::Kernel), ("event", Fault::Event), ("enumerate", Fault::Enumerate)];
+
+    pub fn from_name(name: &str) -> Result<Fault> {
+        Fault::NAMES.iter().find(|(n, _)| *n == name).map(|(_, f)| *f).ok_or_else(|| {
+            Error::invalid_value(format!(
+                "unknown fault kind {name:?}: expected one of {}",
+                Fault::NAMES.map(|(n, _)| n).join(", ")
+            ))
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        Fault::NAMES[self as usize].0
+    }
+}
+
+/// Per kind: 0 disarmed, else 1 + the operations still allowed to succeed.
+static COUNTDOWNS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+/// Arms `fault`: `after` more operations succeed, the next one fails.
+pub fn inject(fault: Fault, after: u64) {
+    COUNTDOWNS[fault as usize].store(after.saturating_add(1), Ordering::Release);
+}
+
+/// Called by each operation of kind `fault`: whether this one must fail.
+#[inline]
+pub fn strikes(fault: Fault) -> bool {
+    let countdown = &COUNTDOWNS[fault as usize];
+    if countdown.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    countdown.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok_and(|before| before == 1)
+}
+
+/// The error of an injected `fault`, naming `what` failed (an allocation
+/// fails as out of memory).
+pub fn error(fault: Fault, what: &str) -> Error {
+    let kind = if fault == Fault::Alloc { ErrorKind::OutOfMemory } else { ErrorKind::InvalidValue };
+    Error::new(kind, format!("injected fault ({}): {what} (torch.openreg._inject_fault)", fault.name()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn after_n_successes_one_failure() {
+        assert!(!strikes(Fault::Event));
+        inject(Fault::Event, 2);
+        assert_eq!([strikes(Fault::Event), strikes(Fault::Event), strikes(Fault::Event), strikes(Fault::Event)], [false, false, true, false]);
+        inject(Fault::Event, 0);
+        assert!(strikes(Fault::Event));
+        assert!(!strikes(Fault::Event));
+        assert!(Fault::from_name("disk").unwrap_err().message.contains("alloc, kernel, event, enumerate"));
+    }
+}
