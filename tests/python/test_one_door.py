@@ -86,8 +86,11 @@ def test_the_host_does_not_wait_for_queued_work(op):
     check its planned results: Note [Meta results].)"""
     x = torch.arange(1000, dtype=torch.float32, device="openreg")
     expected = op(x.cpu().clone()).cpu()
-    _queue_long_work(1)
-    op(x.clone())  # plans and checks the op's results for these shapes
+    # Plans and checks the op's results for these shapes: behind queued work
+    # (long enough that a stalled caller still finds the stream busy), or the
+    # call would run inline and plan nothing.
+    _queue_long_work(50)
+    op(x.clone())
     torch.openreg.synchronize()
     # 300 ms of queued work, and half of it as the bound: a loaded 2-core
     # machine can stall the calling thread for tens of milliseconds.
