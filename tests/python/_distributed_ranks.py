@@ -93,7 +93,7 @@ def _values(t: torch.Tensor) -> list:
 def group_suite(rank: int, ports: list[int], ddp_steps: int) -> dict:
     """Everything that works, one process group after another: each way to
     choose the backend, every collective under two of them, devices that
-    differ across ranks, DDP."""
+    differ across ranks, DDP, FSDP (fully_shard)."""
     import torch.distributed as dist
 
     torch.openreg.set_device(rank)
@@ -118,6 +118,8 @@ def group_suite(rank: int, ports: list[int], ddp_steps: int) -> dict:
         dist.destroy_process_group()
     use_port(ports.pop())
     out["ddp"] = ddp(rank, ddp_steps)
+    use_port(ports.pop())
+    out["fsdp"] = fsdp(rank, ddp_steps)
     return out
 
 
@@ -353,6 +355,42 @@ def ddp(rank: int, steps: int) -> dict:
         "max_difference": max((a - b).abs().max().item() for a, b in zip(trained, reference.parameters())),
         "moved": min((a - b).abs().max().item() for a, b in zip(trained, initial)),
         "devices": sorted({str(p.device) for p in model.module.parameters()}),
+    }
+    dist.destroy_process_group()
+    return out
+
+
+def fsdp(rank: int, steps: int) -> dict:
+    """fully_shard on openreg:<rank> against one process on the concatenated batch."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    dev = torch.device("openreg", rank)
+    dist.init_process_group(rank=rank, world_size=WORLD_SIZE)
+    inputs, targets = _ddp_data(steps)
+    per_rank = inputs.shape[1] // WORLD_SIZE
+    mine = slice(rank * per_rank, (rank + 1) * per_rank)
+
+    model = _ddp_model().to(dev)
+    fully_shard(model[0])
+    fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(inputs[step, mine].to(dev)), targets[step, mine].to(dev)).backward()
+        optimizer.step()
+    trained = [p.full_tensor().detach().cpu() for p in model.parameters()]
+    shard_devices = sorted({str(p.to_local().device) for p in model.parameters()})
+
+    reference = _ddp_model()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(reference(inputs[step]), targets[step]).backward()
+        optimizer.step()
+    out = {
+        "max_difference": max((a - b).abs().max().item() for a, b in zip(trained, reference.parameters())),
+        "devices": shard_devices,
     }
     dist.destroy_process_group()
     return out

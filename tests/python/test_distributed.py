@@ -20,7 +20,7 @@ if __name__ == "__main__":
 """
 
 DDP_STEPS = 20
-GROUP_SUITE = script("group_suite", _LAUNCH % ("group_suite", 150, {"ports": 4, "ddp_steps": DDP_STEPS}), timeout=180)
+GROUP_SUITE = script("group_suite", _LAUNCH % ("group_suite", 150, {"ports": 5, "ddp_steps": DDP_STEPS}), timeout=180)
 FAILURE_TIMEOUT_S = 5
 FAILURES = script("failures", _LAUNCH % ("failures", 90, {"ports": 2, "timeout_s": FAILURE_TIMEOUT_S}), timeout=120)
 
@@ -129,6 +129,35 @@ def test_ddp_matches_one_process_training():
         assert ddp["devices"] == [f"openreg:{rank}"]
         assert ddp["moved"] > 1e-3, "training changed nothing: the comparison would be vacuous"
         assert ddp["max_difference"] < 1e-5, ddp
+
+
+@pytest.mark.subprocess
+def test_fully_shard_matches_one_process_training():
+    ranks = _ranks(GROUP_SUITE)
+    for rank, result in enumerate(ranks):
+        fsdp = result["fsdp"]
+        assert fsdp["devices"] == [f"openreg:{rank}"]
+        assert fsdp["max_difference"] < 1e-5, fsdp
+
+
+TORCHRUN = script(
+    "torchrun_example",
+    f"""
+    import subprocess
+    example = os.path.join({HERE!r}, "..", "..", "examples", "distributed.py")
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]  # the torchrun command
+    proc = subprocess.run([*torchrun, "--nproc-per-node", "2", example], capture_output=True, text=True, timeout=150)
+    done({{"rc": proc.returncode, "out": proc.stdout, "err": proc.stderr[-3000:]}})
+    """,
+    timeout=180,
+)
+
+
+@pytest.mark.subprocess
+def test_torchrun_example():
+    result = TORCHRUN.result().check_ok()
+    assert result["rc"] == 0, result
+    assert "parameter checksums per rank" in result["out"], result
 
 
 @pytest.mark.subprocess
