@@ -71,6 +71,15 @@ def _sleep(milliseconds: float) -> None:
     _C._sleep(float(milliseconds))
 
 
+def ipc_collect() -> None:
+    """Releases the device memory of tensors sent to other processes that
+    every receiver has let go of (as ``torch.cuda.ipc_collect``); each send
+    also does it. See Note [Sharing device memory between processes]."""
+    from torch_openreg import _multiprocessing
+
+    _multiprocessing.ipc_collect()
+
+
 def options() -> dict[str, dict[str, Any]]:
     """The ``OPENREG_*`` options in force: ``{name: {"value": ..., "help": ...}}``."""
     result = {}
@@ -102,6 +111,7 @@ __all__ = [
     "get_rng_state_all",
     "init",
     "initial_seed",
+    "ipc_collect",
     "is_available",
     "is_initialized",
     "manual_seed",
