@@ -90,10 +90,10 @@ def _values(t: torch.Tensor) -> list:
 # ------------------------------------------------------------------ bodies
 
 
-def group_suite(rank: int, ports: list[int], ddp_steps: int) -> dict:
+def group_suite(rank: int, ports: list[int]) -> dict:
     """Everything that works, one process group after another: each way to
     choose the backend, every collective under two of them, devices that
-    differ across ranks, DDP, FSDP (fully_shard)."""
+    differ across ranks."""
     import torch.distributed as dist
 
     torch.openreg.set_device(rank)
@@ -113,13 +113,18 @@ def group_suite(rank: int, ports: list[int], ddp_steps: int) -> dict:
         out[f"{name}/cpu_all_reduce"] = cpu.tolist()
         if backend is not None:
             out[name] = collectives(rank)
-        if backend is not None:
             out[f"{name}/across_ranks"] = openreg_with_cpu_peer(rank)
         dist.destroy_process_group()
-    use_port(ports.pop())
-    out["ddp"] = ddp(rank, ddp_steps)
-    use_port(ports.pop())
-    out["fsdp"] = fsdp(rank, ddp_steps)
+    return out
+
+
+def training(rank: int, ports: list[int], steps: int) -> dict:
+    """DDP and FSDP (fully_shard), each against one process."""
+    torch.openreg.set_device(rank)
+    use_port(ports[0])
+    out = {"ddp": ddp(rank, steps)}
+    use_port(ports[1])
+    out["fsdp"] = fsdp(rank, steps)
     return out
 
 

@@ -48,7 +48,7 @@ DATALOADER = script(
         RESULT["accelerator_default"] = run("fork")
         done(RESULT)
     """,
-    timeout=150,
+    timeout=110,
 )
 
 

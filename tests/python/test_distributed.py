@@ -20,9 +20,10 @@ if __name__ == "__main__":
 """
 
 DDP_STEPS = 20
-GROUP_SUITE = script("group_suite", _LAUNCH % ("group_suite", 150, {"ports": 5, "ddp_steps": DDP_STEPS}), timeout=180)
+GROUP_SUITE = script("group_suite", _LAUNCH % ("group_suite", 100, {"ports": 3}), timeout=110)
+TRAINING = script("training", _LAUNCH % ("training", 100, {"ports": 2, "steps": DDP_STEPS}), timeout=110)
 FAILURE_TIMEOUT_S = 5
-FAILURES = script("failures", _LAUNCH % ("failures", 90, {"ports": 2, "timeout_s": FAILURE_TIMEOUT_S}), timeout=120)
+FAILURES = script("failures", _LAUNCH % ("failures", 90, {"ports": 2, "timeout_s": FAILURE_TIMEOUT_S}), timeout=100)
 
 
 def _ranks(s):
@@ -123,7 +124,7 @@ def test_openreg_and_cpu_ranks_share_gloo(backend):
 
 @pytest.mark.subprocess
 def test_ddp_matches_one_process_training():
-    ranks = _ranks(GROUP_SUITE)
+    ranks = _ranks(TRAINING)
     for rank, result in enumerate(ranks):
         ddp = result["ddp"]
         assert ddp["devices"] == [f"openreg:{rank}"]
@@ -133,7 +134,7 @@ def test_ddp_matches_one_process_training():
 
 @pytest.mark.subprocess
 def test_fully_shard_matches_one_process_training():
-    ranks = _ranks(GROUP_SUITE)
+    ranks = _ranks(TRAINING)
     for rank, result in enumerate(ranks):
         fsdp = result["fsdp"]
         assert fsdp["devices"] == [f"openreg:{rank}"]
@@ -146,10 +147,10 @@ TORCHRUN = script(
     import subprocess
     example = os.path.join({HERE!r}, "..", "..", "examples", "distributed.py")
     torchrun = [sys.executable, "-m", "torch.distributed.run"]  # the torchrun command
-    proc = subprocess.run([*torchrun, "--nproc-per-node", "2", example], capture_output=True, text=True, timeout=150)
+    proc = subprocess.run([*torchrun, "--nproc-per-node", "2", example], capture_output=True, text=True, timeout=100)
     done({{"rc": proc.returncode, "out": proc.stdout, "err": proc.stderr[-3000:]}})
     """,
-    timeout=180,
+    timeout=110,
 )
 
 

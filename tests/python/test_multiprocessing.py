@@ -22,7 +22,7 @@ SHARING = script(
     if __name__ == "__main__":
         done(_ipc_processes.main())
     """,
-    timeout=240,
+    timeout=110,
 )
 
 
