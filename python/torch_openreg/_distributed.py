@@ -23,7 +23,9 @@ that around a ``ProcessGroupGloo``:
   caller drops the tensors and the handle (they are let go at a later
   collective, once finished).
 - Futures: ``Work.get_future()`` (what DDP's reducer waits on) yields the
-  openreg tensors, not the views.
+  openreg tensors, not the views. (Torch 2.15 hands the caller a holder of
+  a Python backend's work that forwards ``wait()`` and ``get_future()``
+  only: its ``is_completed()`` stays False, for every Python backend.)
 - Memory protection: gloo's threads read and write device memory outside
   the runtime's own device operations, which OPENREG_MEMORY_PROTECT=1
   forbids; collectives on openreg tensors raise there.
