@@ -50,9 +50,10 @@ TORCH_DIR = os.path.dirname(torch.__file__)
 
 extension = Extension(
     "torch_openreg._C",
-    # generator.cpp binds torch.Generator: it needs torch's Python headers
-    # and libtorch_python; module.cpp needs only the C ABI.
-    sources=["cpp/python/module.cpp", "cpp/python/generator.cpp"],
+    # generator.cpp binds torch.Generator and ipc.cpp makes storages: they
+    # need torch's Python headers and libtorch_python; module.cpp needs only
+    # the C ABI.
+    sources=["cpp/python/module.cpp", "cpp/python/generator.cpp", "cpp/python/ipc.cpp"],
     language="c++",
     include_dirs=[os.path.join(ROOT, "include"), *include_paths()],
     define_macros=[("_GLIBCXX_USE_CXX11_ABI", str(int(torch._C._GLIBCXX_USE_CXX11_ABI)))],

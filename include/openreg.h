@@ -73,6 +73,17 @@ int orFree(void* ptr);
 int orMemGetInfo(size_t* free, size_t* total);
 int orSetMemoryFraction(int device, double fraction);
 
+/* Device memory shared between processes (as cudaIpc*Handle). Each device
+ * allocation lies in a mapping of a memory file: orIpcGetMemHandle gives
+ * that file's descriptor (owned by the runtime, valid while the allocation
+ * lives), the mapping's size and ptr's offset in it. Another process that
+ * received the descriptor (SCM_RIGHTS, or torch.multiprocessing) maps the
+ * same memory with orIpcOpenMemHandle and releases it with
+ * orIpcCloseMemHandle. */
+int orIpcGetMemHandle(int* fd, size_t* mapping_size, size_t* offset, void* ptr);
+int orIpcOpenMemHandle(void** base, int fd, size_t mapping_size);
+int orIpcCloseMemHandle(void* base);
+
 /* Streams. device -1 means the current device. */
 int orStreamGetCurrent(int device, orStream_t* stream);
 int orStreamGetDefault(int device, orStream_t* stream);

@@ -368,6 +368,38 @@ pub extern "C" fn orSetMemoryFraction(device: c_int, fraction: f64) -> OrError {
     guarded(|| device::context(device::resolve(device.into()))?.allocator.set_memory_fraction(fraction))
 }
 
+/// The memory file behind device pointer `ptr` (valid while its allocation
+/// lives; the runtime keeps it), the size of the mapping it backs, and the
+/// offset of `ptr` in that mapping (Note [Shareable device memory]).
+#[no_mangle]
+pub extern "C" fn orIpcGetMemHandle(fd: *mut c_int, mapping_size: *mut usize, offset: *mut usize, ptr: *mut c_void) -> OrError {
+    guarded(|| {
+        let (file, base, len) = crate::memory::shared_region(ptr as usize)?;
+        put(fd, file)?;
+        put(mapping_size, len)?;
+        put(offset, ptr as usize - base)
+    })
+}
+
+/// Maps, in this process, the `mapping_size` bytes of device memory another
+/// process shares through memory file `fd` (from its orIpcGetMemHandle);
+/// `*base` is the start of the mapping. The caller keeps `fd`.
+#[no_mangle]
+pub extern "C" fn orIpcOpenMemHandle(base: *mut *mut c_void, fd: c_int, mapping_size: usize) -> OrError {
+    guarded(|| put(base, crate::memory::map_shared(fd, mapping_size)? as *mut c_void))
+}
+
+/// Releases a mapping made by orIpcOpenMemHandle.
+#[no_mangle]
+pub extern "C" fn orIpcCloseMemHandle(base: *mut c_void) -> OrError {
+    guarded(|| {
+        let len = crate::memory::mapping_len(base as usize)
+            .ok_or_else(|| Error::invalid_value(format!("{base:p} is not a mapping from orIpcOpenMemHandle")))?;
+        crate::memory::unmap(base as usize, len);
+        Ok(())
+    })
+}
+
 static OPTIONS_TEXT: Lazy<CString> = Lazy::new(|| {
     let text: String = options::get()
         .entries()

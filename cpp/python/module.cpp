@@ -17,6 +17,16 @@
 // In generator.cpp (which needs torch's Python headers).
 extern "C" PyObject* openreg_get_default_generator(PyObject* self, PyObject* arg);
 extern "C" void openreg_register_fork_handler();
+// In ipc.cpp (sharing device memory between processes).
+extern "C" PyObject* openreg_ipc_mem_handle(PyObject* self, PyObject* arg);
+extern "C" PyObject* openreg_ipc_open_storage(PyObject* self, PyObject* args);
+extern "C" PyObject* openreg_ipc_signal_when_reached(PyObject* self, PyObject* args);
+extern "C" PyObject* openreg_ipc_wait_for_signal(PyObject* self, PyObject* args);
+extern "C" PyObject* openreg_ipc_event_open(PyObject* self, PyObject* arg);
+extern "C" PyObject* openreg_ipc_event_record(PyObject* self, PyObject* args);
+extern "C" PyObject* openreg_ipc_event_wait(PyObject* self, PyObject* args);
+extern "C" PyObject* openreg_ipc_event_query(PyObject* self, PyObject* arg);
+extern "C" PyObject* openreg_ipc_event_synchronize(PyObject* self, PyObject* arg);
 
 // Reads a device index, rejecting values that do not fit an int (they would
 // otherwise be truncated into a valid-looking index).
@@ -447,6 +457,15 @@ static PyMethodDef methods[] = {
     {"_get_op_timeout_ms", get_op_timeout_ms, METH_NOARGS, "The op timeout in ms (0: none)."},
     {"_host_memory_stats", host_memory_stats, METH_NOARGS, "Pinned host allocator statistics."},
     {"_reset_host_memory_stats", reset_host_memory_stats, METH_VARARGS, "(peak, accumulated)."},
+    {"_ipc_mem_handle", openreg_ipc_mem_handle, METH_O, "(fd, mapping_size, offset) of device memory, to share it."},
+    {"_ipc_open_storage", openreg_ipc_open_storage, METH_VARARGS, "A storage over another process's device memory."},
+    {"_ipc_signal_when_reached", openreg_ipc_signal_when_reached, METH_VARARGS, "Signal a pipe from the current stream."},
+    {"_ipc_wait_for_signal", openreg_ipc_wait_for_signal, METH_VARARGS, "The current stream waits for a pipe signal."},
+    {"_ipc_event_open", openreg_ipc_event_open, METH_O, "An interprocess event over a shared page (a memory file)."},
+    {"_ipc_event_record", openreg_ipc_event_record, METH_VARARGS, "(event, device): record on the current stream."},
+    {"_ipc_event_wait", openreg_ipc_event_wait, METH_VARARGS, "(event, device): the current stream waits for it."},
+    {"_ipc_event_query", openreg_ipc_event_query, METH_O, "Whether an interprocess event's last record completed."},
+    {"_ipc_event_synchronize", openreg_ipc_event_synchronize, METH_O, "The host waits for an interprocess event."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -75,6 +75,13 @@ def _register_python_side() -> None:
 
 _register_python_side()
 
+# torch.distributed on openreg tensors, over gloo (Note [Collectives over gloo]).
+from torch_openreg import _distributed  # noqa: E402,F401
+
+# openreg tensors through torch.multiprocessing (Note [Sharing device memory
+# between processes]).
+from torch_openreg import _multiprocessing  # noqa: E402,F401
+
 # Backward of openreg graphs on the calling thread, as for CPU tensors (on
 # autograd's device thread, each op would be a hand-off between threads).
 # Autograd's setting is per thread: this is the importing thread's, usually

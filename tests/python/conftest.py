@@ -38,9 +38,16 @@ def _background_scripts():
     shutdown_scripts()
 
 
+# A subprocess test waits for its script, which may still be queued behind
+# others (two run at a time); each script bounds itself with its own timeout.
+_SUBPROCESS_TEST_HANG_LIMIT_S = 600
+
+
 @pytest.fixture(autouse=True)
-def _hang_guard():
-    faulthandler.dump_traceback_later(_PER_TEST_HANG_LIMIT_S, exit=True, file=sys.stderr)
+def _hang_guard(request):
+    is_subprocess_test = request.node.get_closest_marker("subprocess") is not None
+    limit = _SUBPROCESS_TEST_HANG_LIMIT_S if is_subprocess_test else _PER_TEST_HANG_LIMIT_S
+    faulthandler.dump_traceback_later(limit, exit=True, file=sys.stderr)
     yield
     faulthandler.cancel_dump_traceback_later()
 

@@ -133,6 +133,15 @@ def _sleep(milliseconds: float) -> None:
     _C._sleep(float(milliseconds))
 
 
+def ipc_collect() -> None:
+    """Releases the device memory of tensors sent to other processes that
+    every receiver has let go of (as ``torch.cuda.ipc_collect``); each send
+    also does it. See Note [Sharing device memory between processes]."""
+    from torch_openreg import _multiprocessing
+
+    _multiprocessing.ipc_collect()
+
+
 def options() -> dict[str, dict[str, Any]]:
     """The ``OPENREG_*`` options in force: ``{name: {"value": ..., "source":
     "environment" or "default", "help": ...}}``."""
@@ -182,6 +191,7 @@ __all__ = [
     "host_memory_stats_as_nested_dict",
     "init",
     "initial_seed",
+    "ipc_collect",
     "is_available",
     "is_bf16_supported",
     "is_initialized",

@@ -28,14 +28,32 @@ class Stream(torch.Stream):
         return cls(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
 
 
-def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:  # noqa: N802
+def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> Any:  # noqa: N802
     """An openreg event: a ``torch.Event`` of the openreg device.
 
     ``enable_timing=True`` allows ``elapsed_time``. A factory rather than a
     subclass: ``torch.Event.elapsed_time`` accepts only exact ``torch.Event``
-    objects as its argument.
+    objects as its argument. ``interprocess=True`` makes an event other
+    processes can wait on (``InterprocessEvent``: ``ipc_handle()``,
+    ``Event.from_ipc_handle(device, handle)``), without time stamps, as CUDA's.
     """
-    return torch.Event(device=_DEVICE_TYPE, enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+    if interprocess:
+        if enable_timing:
+            raise ValueError("an interprocess event cannot take time stamps (enable_timing=True), as with CUDA")
+        from ._ipc_event import InterprocessEvent
+
+        return InterprocessEvent()
+    return torch.Event(device=_DEVICE_TYPE, enable_timing=enable_timing, blocking=blocking)
+
+
+def _event_from_ipc_handle(device: Any, handle: bytes) -> Any:
+    """The interprocess event of another process, from its ``ipc_handle()``."""
+    from ._ipc_event import InterprocessEvent
+
+    return InterprocessEvent.from_ipc_handle(device, handle)
+
+
+Event.from_ipc_handle = _event_from_ipc_handle
 
 
 def current_stream(device: Any = None) -> Stream:
