@@ -458,6 +458,14 @@ mod tests {
     }
 
     #[test]
+    fn the_accepted_choices_are_the_names_the_parser_takes() {
+        let accepted = |name: &str| parse(&[(name, "?")]).invalid[0].accepted;
+        let names = |choices: &[&str]| format!("one of {}", choices.join(", "));
+        assert_eq!(accepted("OPENREG_LOG"), names(&Level::NAMES.map(|(n, _)| n)));
+        assert_eq!(accepted("OPENREG_SYNC_DEBUG"), names(&SyncDebugMode::NAMES.map(|(n, _)| n)));
+    }
+
+    #[test]
     fn an_invalid_device_count_is_zero_devices_not_an_error() {
         let o = parse(&[("OPENREG_DEVICE_COUNT", "two")]);
         assert_eq!(o.device_count, 0);
