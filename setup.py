@@ -30,17 +30,45 @@ class BuildWithCargo(build_ext):
         super().run()
 
 
+def _cmake() -> str:
+    """The cmake program: the PyPI wheel's (requirements.txt), else PATH's."""
+    try:
+        import cmake
+
+        return os.path.join(cmake.CMAKE_BIN_DIR, "cmake")
+    except ImportError:
+        found = shutil.which("cmake")
+        if found is None:
+            sys.exit("building torch_openreg needs CMake 3.24 or newer: python3 -m pip install cmake")
+        return found
+
+
 class BuildPyWithHeaders(build_py):
     """Ships the public headers (include/) as torch_openreg/include, where
-    torch_openreg.include_dir() finds them; an editable install uses the
-    repository's include/ instead."""
+    torch_openreg.include_dir() finds them, and the CMake package
+    (share/cmake/torch_openreg, for find_package from C++: see
+    torch_openreg.cmake_prefix_path); an editable install uses the
+    repository's include/ instead, and has no CMake package."""
 
     def run(self):
         super().run()
         if not getattr(self, "editable_mode", False):
-            target = os.path.join(self.build_lib, "torch_openreg", "include")
+            package = os.path.join(self.build_lib, "torch_openreg")
+            target = os.path.join(package, "include")
             shutil.rmtree(target, ignore_errors=True)  # no stale headers from an earlier build
             shutil.copytree(os.path.join(ROOT, "include"), target, dirs_exist_ok=True)
+            shutil.rmtree(os.path.join(package, "share"), ignore_errors=True)
+            subprocess.run(
+                [
+                    _cmake(),
+                    f"-DPACKAGE_DIR={os.path.abspath(package)}",
+                    f"-DTORCH_ROOT={TORCH_DIR}",
+                    f"-DTORCH_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+                    "-P",
+                    os.path.join(ROOT, "cmake", "PythonPackageConfig.cmake"),
+                ],
+                check=True,
+            )
 
 
 import torch  # noqa: E402  (installed first: see the module docstring)

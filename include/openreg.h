@@ -122,7 +122,9 @@ int orEventElapsedTime(float* ms, orEvent_t start, orEvent_t end);
 int orEventDestroy(orEvent_t event);
 
 /* The options in force, one per line: NAME<TAB>value<TAB>source<TAB>meaning,
- * where source is "environment" or "default". */
+ * where source is "environment", "default" or "invalid" (a value that cannot
+ * be used, shown as set; orInit then fails with orErrorInvalidValue, and
+ * orGetLastErrorMessage names each such variable). */
 const char* orGetOptions(void);
 
 /* Releases the runtime now (drains and stops the streams, returns cached

@@ -410,7 +410,7 @@ static OPTIONS_TEXT: Lazy<CString> = Lazy::new(|| {
 });
 
 /// The options in force, one per line: `NAME<TAB>value<TAB>source<TAB>meaning`
-/// (source: "environment" or "default").
+/// (source: "environment", "default" or "invalid": Note [Invalid options]).
 #[no_mangle]
 pub extern "C" fn orGetOptions() -> *const c_char {
     OPTIONS_TEXT.as_ptr()

@@ -169,9 +169,13 @@ pub fn unchecked_set_device(index: i64) {
 }
 
 /// Marks the runtime initialized (idempotent). Checks the fork state, so a
-/// forked child of an initialized parent is told, not left to hang.
+/// forked child of an initialized parent is told, not left to hang, and the
+/// options, so an invalid `OPENREG_*` value fails here, every time, naming
+/// the variable (Note [Invalid options]); the runtime then stays
+/// uninitialized.
 pub fn init() -> Result<()> {
     check_not_in_bad_fork()?;
+    options::get().check()?;
     if !INITIALIZED.swap(true, Ordering::AcqRel) {
         crate::lifecycle::on_first_init();
     }

@@ -1,14 +1,23 @@
 //! Every runtime knob, read once from `OPENREG_*` environment variables.
 //!
 //! This is the only place that reads the environment. Values are parsed on
-//! first use and then frozen for the life of the process; an invalid value is
-//! never fatal: it falls back as documented and warns once.
-
-use std::cell::RefCell;
+//! first use and then frozen for the life of the process. An empty variable
+//! reads as unset (except `OPENREG_DEVICE_COUNT`, where it means 0 devices).
+//!
+//! Note [Invalid options]: parsing never fails; it records each variable
+//! whose value it cannot use (`Options::invalid`), and the runtime's
+//! initialization (`device::init`: first device use, or an explicit init)
+//! fails with one error naming every such variable, its value and what it
+//! accepts (`Options::check`), each time it is tried. Until then an invalid
+//! option reads as its default, so loading the library, importing the Python
+//! package, `torch.openreg.options()` and logging keep working. The device
+//! count is the exception: the guard's `deviceCount` is `noexcept` and
+//! answers without initializing, so an invalid `OPENREG_DEVICE_COUNT` means
+//! 0 devices, with one warning, as before any initialization.
 
 use once_cell::sync::Lazy;
 
-use crate::error::warn_once;
+use crate::error::{warn_once, Error, Result};
 use crate::log::Level;
 use crate::sync_debug::SyncDebugMode;
 
@@ -22,7 +31,8 @@ pub const DEFAULT_DEVICE_COUNT: usize = 2;
 /// The frozen option set. See the README's "Options" table.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// `OPENREG_DEVICE_COUNT`: number of devices, 0..=MAX_DEVICES. Invalid → 0.
+    /// `OPENREG_DEVICE_COUNT`: number of devices, 0..=MAX_DEVICES. Invalid → 0
+    /// (Note [Invalid options]).
     pub device_count: usize,
     /// `OPENREG_LAUNCH_BLOCKING=1`: every launch waits for its stream.
     pub launch_blocking: bool,
@@ -58,6 +68,20 @@ pub struct Options {
     /// The options whose variable was set, in the order read (`entries`
     /// reports each option's source from it).
     pub from_environment: Vec<&'static str>,
+    /// The variables (other than the device count) whose value cannot be
+    /// used, in the order read; each option reads as its default
+    /// (Note [Invalid options]).
+    pub invalid: Vec<InvalidOption>,
+}
+
+/// A variable whose value the runtime cannot use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidOption {
+    pub name: &'static str,
+    /// The variable's text, as set.
+    pub value: String,
+    /// What the variable accepts, in words ("0 or 1").
+    pub accepted: &'static str,
 }
 
 /// Messages shown when `OPENREG_LOG` is unset.
@@ -94,42 +118,74 @@ impl Options {
     /// Parses options from any key lookup; `get()` uses the environment.
     /// Separate so tests can parse values without touching the process env.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Options {
-        let set = RefCell::new(Vec::new());
-        let lookup = |name: &'static str| {
-            let value = lookup(name);
-            if value.is_some() {
-                set.borrow_mut().push(name);
-            }
-            value
-        };
-        let mut options = Options {
-            device_count: parse_device_count(lookup("OPENREG_DEVICE_COUNT")),
-            launch_blocking: parse_flag("OPENREG_LAUNCH_BLOCKING", lookup("OPENREG_LAUNCH_BLOCKING"), false),
-            worker_idle_ms: parse_u64("OPENREG_WORKER_IDLE_MS", lookup("OPENREG_WORKER_IDLE_MS"), 1000),
-            device_memory: parse_size("OPENREG_DEVICE_MEMORY", lookup("OPENREG_DEVICE_MEMORY"), DEFAULT_DEVICE_MEMORY),
-            memory_protect: parse_flag("OPENREG_MEMORY_PROTECT", lookup("OPENREG_MEMORY_PROTECT"), false),
-            random_threads: parse_u64("OPENREG_RANDOM_THREADS", lookup("OPENREG_RANDOM_THREADS"), 0).min(1024) as usize,
-            autograd_on_caller: parse_flag("OPENREG_AUTOGRAD_ON_CALLER", lookup("OPENREG_AUTOGRAD_ON_CALLER"), true),
-            kernel_threads: parse_u64("OPENREG_KERNEL_THREADS", lookup("OPENREG_KERNEL_THREADS"), 1).clamp(1, 1024) as usize,
-            log_level: parse_choice("OPENREG_LOG", lookup("OPENREG_LOG"), &Level::NAMES, DEFAULT_LOG_LEVEL),
-            exit_drain_ms: parse_u64("OPENREG_EXIT_DRAIN_MS", lookup("OPENREG_EXIT_DRAIN_MS"), DEFAULT_EXIT_DRAIN_MS),
-            sync_debug: parse_choice("OPENREG_SYNC_DEBUG", lookup("OPENREG_SYNC_DEBUG"), &SyncDebugMode::NAMES, SyncDebugMode::Default),
-            from_environment: Vec::new(),
-        };
-        options.from_environment = set.into_inner();
-        options
+        let mut r = Reader { lookup, from_environment: Vec::new(), invalid: Vec::new() };
+        Options {
+            device_count: r.device_count(),
+            launch_blocking: r.read("OPENREG_LAUNCH_BLOCKING", false, FLAG, parse_flag),
+            worker_idle_ms: r.read("OPENREG_WORKER_IDLE_MS", 1000, MILLISECONDS, parse_u64),
+            device_memory: r.read("OPENREG_DEVICE_MEMORY", DEFAULT_DEVICE_MEMORY, SIZE, parse_size),
+            memory_protect: r.read("OPENREG_MEMORY_PROTECT", false, FLAG, parse_flag),
+            random_threads: r.read("OPENREG_RANDOM_THREADS", 0, "an integer from 0 (all cores) to 1024", |s| {
+                parse_u64(s).filter(|&n| n <= 1024).map(|n| n as usize)
+            }),
+            autograd_on_caller: r.read("OPENREG_AUTOGRAD_ON_CALLER", true, FLAG, parse_flag),
+            kernel_threads: r.read("OPENREG_KERNEL_THREADS", 1, "an integer from 1 to 1024", |s| {
+                parse_u64(s).filter(|n| (1..=1024).contains(n)).map(|n| n as usize)
+            }),
+            log_level: r.read("OPENREG_LOG", DEFAULT_LOG_LEVEL, "one of error, warn, info, debug", |s| {
+                parse_choice(s, &Level::NAMES)
+            }),
+            exit_drain_ms: r.read("OPENREG_EXIT_DRAIN_MS", DEFAULT_EXIT_DRAIN_MS, MILLISECONDS, parse_u64),
+            sync_debug: r.read("OPENREG_SYNC_DEBUG", SyncDebugMode::Default, "one of default, warn, error", |s| {
+                parse_choice(s, &SyncDebugMode::NAMES)
+            }),
+            from_environment: r.from_environment,
+            invalid: r.invalid,
+        }
     }
 
-    /// Where `name`'s value comes from: "environment" or "default".
+    /// Ok when every option can be used; otherwise the one error that
+    /// initialization raises (Note [Invalid options]), naming each invalid
+    /// variable, its value and what it accepts.
+    pub fn check(&self) -> Result<()> {
+        if self.invalid.is_empty() {
+            return Ok(());
+        }
+        let problems: Vec<String> =
+            self.invalid.iter().map(|o| format!("{}={:?} (expected {})", o.name, o.value, o.accepted)).collect();
+        let several = problems.len() > 1;
+        Err(Error::invalid_value(format!(
+            "openreg cannot initialize: invalid option value{}: {}; fix or unset {}",
+            if several { "s" } else { "" },
+            problems.join("; "),
+            if several { "these variables" } else { "this variable" },
+        )))
+    }
+
+    /// Where `name`'s value comes from: "environment", "default", or
+    /// "invalid" (a value that cannot be used: Note [Invalid options]).
     pub fn source(&self, name: &str) -> &'static str {
-        if self.from_environment.contains(&name) {
+        if self.invalid.iter().any(|o| o.name == name) {
+            "invalid"
+        } else if self.from_environment.contains(&name) {
             "environment"
         } else {
             "default"
         }
     }
 
+    /// Each option's value and meaning; an invalid one shows its text as set.
     pub fn entries(&self) -> Vec<OptionEntry> {
+        let mut entries = self.values();
+        for entry in &mut entries {
+            if let Some(invalid) = self.invalid.iter().find(|o| o.name == entry.name) {
+                entry.value = invalid.value.clone();
+            }
+        }
+        entries
+    }
+
+    fn values(&self) -> Vec<OptionEntry> {
         vec![
             OptionEntry {
                 name: "OPENREG_DEVICE_COUNT",
@@ -159,7 +215,7 @@ impl Options {
             OptionEntry {
                 name: "OPENREG_RANDOM_THREADS",
                 value: self.random_threads.to_string(),
-                help: "threads a large random fill uses (0: all cores); results never depend on it",
+                help: "threads a large random fill uses (0..=1024, 0: all cores); results never depend on it",
             },
             OptionEntry {
                 name: "OPENREG_AUTOGRAD_ON_CALLER",
@@ -169,7 +225,7 @@ impl Options {
             OptionEntry {
                 name: "OPENREG_KERNEL_THREADS",
                 value: self.kernel_threads.to_string(),
-                help: "OpenMP threads a device kernel uses (default 1; more slows the process's own CPU work)",
+                help: "OpenMP threads a device kernel uses (1..=1024, default 1; more slows the process's own CPU work)",
             },
             OptionEntry {
                 name: "OPENREG_LOG",
@@ -190,76 +246,85 @@ impl Options {
     }
 }
 
-fn parse_device_count(raw: Option<String>) -> usize {
-    let Some(raw) = raw else { return DEFAULT_DEVICE_COUNT };
-    match raw.trim().parse::<usize>() {
-        Ok(n) if n <= MAX_DEVICES => n,
-        _ => {
-            warn_once(&format!(
-                "OPENREG_DEVICE_COUNT={raw:?} is invalid (expected an integer from 0 to {MAX_DEVICES}); \
-                 openreg reports 0 devices"
-            ));
-            0
+/// What variables of each kind accept, as the error says it.
+const FLAG: &str = "0 or 1";
+const MILLISECONDS: &str = "a non-negative integer (milliseconds)";
+const SIZE: &str = "a positive size in bytes, such as 4096, 512M or 4G";
+
+/// Reads variables through `lookup`, noting which were set and which hold a
+/// value that cannot be used.
+struct Reader<F> {
+    lookup: F,
+    from_environment: Vec<&'static str>,
+    invalid: Vec<InvalidOption>,
+}
+
+impl<F: Fn(&str) -> Option<String>> Reader<F> {
+    fn lookup(&mut self, name: &'static str) -> Option<String> {
+        let value = (self.lookup)(name);
+        if value.is_some() {
+            self.from_environment.push(name);
+        }
+        value
+    }
+
+    /// `name`'s value as `parse` reads its trimmed text; `default` when the
+    /// variable is unset or empty. A value `parse` rejects is recorded as
+    /// invalid and reads as `default`.
+    fn read<T>(&mut self, name: &'static str, default: T, accepted: &'static str, parse: impl Fn(&str) -> Option<T>) -> T {
+        let Some(raw) = self.lookup(name) else { return default };
+        if raw.trim().is_empty() {
+            return default;
+        }
+        parse(raw.trim()).unwrap_or_else(|| {
+            self.invalid.push(InvalidOption { name, value: raw, accepted });
+            default
+        })
+    }
+
+    /// `OPENREG_DEVICE_COUNT`: an invalid value (empty included) means 0
+    /// devices and one warning, never an error (Note [Invalid options]).
+    fn device_count(&mut self) -> usize {
+        let Some(raw) = self.lookup("OPENREG_DEVICE_COUNT") else { return DEFAULT_DEVICE_COUNT };
+        match raw.trim().parse::<usize>() {
+            Ok(n) if n <= MAX_DEVICES => n,
+            _ => {
+                warn_once(&format!(
+                    "OPENREG_DEVICE_COUNT={raw:?} is invalid (expected an integer from 0 to {MAX_DEVICES}); \
+                     openreg reports 0 devices"
+                ));
+                0
+            }
         }
     }
 }
 
-fn parse_flag(name: &str, raw: Option<String>, default: bool) -> bool {
-    match raw.as_deref().map(str::trim) {
-        None | Some("") => default,
-        Some("0") => false,
-        Some("1") => true,
-        Some(other) => {
-            warn_once(&format!("{name}={other:?} is invalid (expected 0 or 1); using {}", default as u8));
-            default
-        }
+fn parse_flag(text: &str) -> Option<bool> {
+    match text {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
     }
 }
 
-fn parse_u64(name: &str, raw: Option<String>, default: u64) -> u64 {
-    match raw.as_deref().map(str::trim) {
-        None | Some("") => default,
-        Some(s) => s.parse().unwrap_or_else(|_| {
-            warn_once(&format!("{name}={s:?} is invalid (expected a non-negative integer); using {default}"));
-            default
-        }),
-    }
+fn parse_u64(text: &str) -> Option<u64> {
+    text.parse().ok()
 }
 
 /// One of `choices` by name (case-insensitive).
-fn parse_choice<T: Copy + PartialEq>(name: &str, raw: Option<String>, choices: &[(&'static str, T)], default: T) -> T {
-    let Some(raw) = raw else { return default };
-    let text = raw.trim().to_ascii_lowercase();
-    if let Some((_, value)) = choices.iter().find(|(choice, _)| *choice == text) {
-        return *value;
-    }
-    let default_name = choices.iter().find(|(_, v)| *v == default);
-    let accepted: Vec<&str> = choices.iter().map(|(choice, _)| *choice).collect();
-    warn_once(&format!(
-        "{name}={raw:?} is invalid (expected one of {}); using {}",
-        accepted.join(", "),
-        default_name.map_or("the default", |(n, _)| n)
-    ));
-    default
+fn parse_choice<T: Copy>(text: &str, choices: &[(&'static str, T)]) -> Option<T> {
+    choices.iter().find(|(choice, _)| choice.eq_ignore_ascii_case(text)).map(|(_, value)| *value)
 }
 
-/// A byte count: digits with an optional K, M or G (binary) suffix.
-fn parse_size(name: &str, raw: Option<String>, default: usize) -> usize {
-    let Some(raw) = raw else { return default };
-    let text = raw.trim();
+/// A byte count: digits with an optional K, M or G (binary) suffix; not 0.
+fn parse_size(text: &str) -> Option<usize> {
     let (digits, shift) = match text.char_indices().last() {
         Some((i, 'K' | 'k')) => (&text[..i], 10),
         Some((i, 'M' | 'm')) => (&text[..i], 20),
         Some((i, 'G' | 'g')) => (&text[..i], 30),
         _ => (text, 0),
     };
-    match digits.parse::<usize>().ok().and_then(|n| n.checked_mul(1usize << shift)) {
-        Some(bytes) if bytes > 0 => bytes,
-        _ => {
-            warn_once(&format!("{name}={raw:?} is invalid (expected a positive size such as 512M or 4G); using {default}"));
-            default
-        }
-    }
+    digits.parse::<usize>().ok().and_then(|n| n.checked_mul(1usize << shift)).filter(|&bytes| bytes > 0)
 }
 
 #[cfg(test)]
@@ -288,15 +353,37 @@ mod tests {
         }
     }
 
+    /// The names of the options recorded as invalid.
+    fn invalid(o: &Options) -> Vec<&'static str> {
+        o.invalid.iter().map(|i| i.name).collect()
+    }
+
     #[test]
     fn flags() {
         assert!(parse(&[("OPENREG_LAUNCH_BLOCKING", "1")]).launch_blocking);
-        assert!(!parse(&[("OPENREG_LAUNCH_BLOCKING", "yes")]).launch_blocking);
+        assert!(!parse(&[("OPENREG_LAUNCH_BLOCKING", "0")]).launch_blocking);
+        assert!(!parse(&[("OPENREG_LAUNCH_BLOCKING", "")]).launch_blocking);
+        let yes = parse(&[("OPENREG_LAUNCH_BLOCKING", "yes")]);
+        assert!(!yes.launch_blocking);
+        assert_eq!(invalid(&yes), ["OPENREG_LAUNCH_BLOCKING"]);
         assert_eq!(parse(&[("OPENREG_WORKER_IDLE_MS", "5")]).worker_idle_ms, 5);
-        assert_eq!(parse(&[("OPENREG_WORKER_IDLE_MS", "x")]).worker_idle_ms, 1000);
+        let x = parse(&[("OPENREG_WORKER_IDLE_MS", "x")]);
+        assert_eq!(x.worker_idle_ms, 1000);
+        assert_eq!(invalid(&x), ["OPENREG_WORKER_IDLE_MS"]);
         assert!(parse(&[("OPENREG_MEMORY_PROTECT", "1")]).memory_protect);
         assert_eq!(parse(&[("OPENREG_RANDOM_THREADS", "3")]).random_threads, 3);
         assert_eq!(parse(&[]).random_threads, 0);
+    }
+
+    #[test]
+    fn thread_counts_are_bounded() {
+        assert_eq!(parse(&[("OPENREG_KERNEL_THREADS", "1024")]).kernel_threads, 1024);
+        assert_eq!(parse(&[("OPENREG_RANDOM_THREADS", "1024")]).random_threads, 1024);
+        for (name, bad) in [("OPENREG_KERNEL_THREADS", "0"), ("OPENREG_KERNEL_THREADS", "1025"), ("OPENREG_RANDOM_THREADS", "1025")] {
+            let o = parse(&[(name, bad)]);
+            assert_eq!(invalid(&o), [name], "{name}={bad}");
+            assert_eq!((o.kernel_threads, o.random_threads), (1, 0));
+        }
     }
 
     #[test]
@@ -307,8 +394,10 @@ mod tests {
         assert_eq!(o.exit_drain_ms, 20);
         assert_eq!(o.source("OPENREG_LOG"), "environment");
         assert_eq!(o.source("OPENREG_DEVICE_COUNT"), "default");
+        assert!(o.invalid.is_empty());
         let d = parse(&[("OPENREG_LOG", "loud")]);
         assert_eq!(d.log_level, DEFAULT_LOG_LEVEL);
+        assert_eq!(d.source("OPENREG_LOG"), "invalid");
         assert_eq!(d.exit_drain_ms, DEFAULT_EXIT_DRAIN_MS);
         assert_eq!(d.sync_debug, SyncDebugMode::Default);
     }
@@ -320,8 +409,78 @@ mod tests {
         assert_eq!(size("64K"), 64 << 10);
         assert_eq!(size("512M"), 512 << 20);
         assert_eq!(size("2g"), 2 << 30);
-        for bad in ["", "0", "-1", "1T", "G", "99999999999999G"] {
-            assert_eq!(size(bad), DEFAULT_DEVICE_MEMORY, "value {bad:?}");
+        assert_eq!(size(""), DEFAULT_DEVICE_MEMORY);
+        for bad in ["0", "-1", "1T", "G", "99999999999999G"] {
+            let o = parse(&[("OPENREG_DEVICE_MEMORY", bad)]);
+            assert_eq!(o.device_memory, DEFAULT_DEVICE_MEMORY, "value {bad:?}");
+            assert_eq!(invalid(&o), ["OPENREG_DEVICE_MEMORY"], "value {bad:?}");
         }
+    }
+
+    #[test]
+    fn valid_options_pass_the_check() {
+        assert!(parse(&[]).check().is_ok());
+        let all_set = parse(&[
+            ("OPENREG_DEVICE_COUNT", "3"),
+            ("OPENREG_LAUNCH_BLOCKING", "1"),
+            ("OPENREG_DEVICE_MEMORY", "1G"),
+            ("OPENREG_KERNEL_THREADS", "2"),
+            ("OPENREG_LOG", "Info"),
+            ("OPENREG_SYNC_DEBUG", " warn "),
+            ("OPENREG_WORKER_IDLE_MS", ""),
+        ]);
+        assert!(all_set.invalid.is_empty(), "{:?}", all_set.invalid);
+        assert!(all_set.check().is_ok());
+    }
+
+    #[test]
+    fn the_check_names_every_invalid_variable_its_value_and_what_it_accepts() {
+        let o = parse(&[
+            ("OPENREG_SYNC_DEBUG", "bogus"),
+            ("OPENREG_WORKER_IDLE_MS", "soon"),
+            ("OPENREG_MEMORY_PROTECT", "yes"),
+            ("OPENREG_LOG", "debug"),
+        ]);
+        // In the order the options are read.
+        assert_eq!(invalid(&o), ["OPENREG_WORKER_IDLE_MS", "OPENREG_MEMORY_PROTECT", "OPENREG_SYNC_DEBUG"]);
+        let error = o.check().unwrap_err();
+        assert_eq!(error.kind, crate::error::ErrorKind::InvalidValue);
+        assert_eq!(
+            error.message,
+            "openreg cannot initialize: invalid option values: \
+             OPENREG_WORKER_IDLE_MS=\"soon\" (expected a non-negative integer (milliseconds)); \
+             OPENREG_MEMORY_PROTECT=\"yes\" (expected 0 or 1); \
+             OPENREG_SYNC_DEBUG=\"bogus\" (expected one of default, warn, error); \
+             fix or unset these variables"
+        );
+        let one = parse(&[("OPENREG_EXIT_DRAIN_MS", "-5")]).check().unwrap_err().message;
+        assert!(one.contains("invalid option value: OPENREG_EXIT_DRAIN_MS=\"-5\" (expected") && one.ends_with("this variable"), "{one}");
+    }
+
+    #[test]
+    fn the_accepted_choices_are_the_names_the_parser_takes() {
+        let accepted = |name: &str| parse(&[(name, "?")]).invalid[0].accepted;
+        let names = |choices: &[&str]| format!("one of {}", choices.join(", "));
+        assert_eq!(accepted("OPENREG_LOG"), names(&Level::NAMES.map(|(n, _)| n)));
+        assert_eq!(accepted("OPENREG_SYNC_DEBUG"), names(&SyncDebugMode::NAMES.map(|(n, _)| n)));
+    }
+
+    #[test]
+    fn an_invalid_device_count_is_zero_devices_not_an_error() {
+        let o = parse(&[("OPENREG_DEVICE_COUNT", "two")]);
+        assert_eq!(o.device_count, 0);
+        assert!(o.invalid.is_empty());
+        assert!(o.check().is_ok());
+        assert_eq!(o.source("OPENREG_DEVICE_COUNT"), "environment");
+    }
+
+    #[test]
+    fn entries_show_an_invalid_value_as_set() {
+        let o = parse(&[("OPENREG_SYNC_DEBUG", "Bogus "), ("OPENREG_LOG", "info")]);
+        let entry = |name: &str| o.entries().into_iter().find(|e| e.name == name).unwrap();
+        assert_eq!(entry("OPENREG_SYNC_DEBUG").value, "Bogus ");
+        assert_eq!(o.source("OPENREG_SYNC_DEBUG"), "invalid");
+        assert_eq!(entry("OPENREG_LOG").value, "info");
+        assert_eq!(entry("OPENREG_WORKER_IDLE_MS").value, "1000");
     }
 }

@@ -40,6 +40,13 @@ from torch_openreg import openreg  # noqa: E402
 atexit.register(_C._prepare_exit)
 
 
+# For C++ programs: CMake finds torch_openreg's package (find_package(
+# torch_openreg), target torch_openreg::torch_openreg) under this prefix,
+# as torch.utils.cmake_prefix_path does for torch's. An installed package
+# only; see examples/cpp/README.md.
+cmake_prefix_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "share", "cmake")
+
+
 def library_path() -> str:
     """Path of the shared library, for ``torch.utils.cpp_extension`` users."""
     return _LIBRARY_PATH
@@ -89,4 +96,4 @@ from torch_openreg import _multiprocessing  # noqa: E402,F401
 if openreg.options()["OPENREG_AUTOGRAD_ON_CALLER"]["value"] == "1":
     torch.autograd.set_multithreading_enabled(False)  # "can be used as a function"
 
-__all__ = ["library_path", "include_dir"]
+__all__ = ["cmake_prefix_path", "library_path", "include_dir"]

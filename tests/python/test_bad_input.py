@@ -348,6 +348,66 @@ def test_invalid_device_count_warning_is_a_python_warning():
     assert len(from_python) == 1
 
 
+# Every other option with a value it cannot take (Note [Invalid options] in
+# src/options.rs): the package imports (here through torch's autoload, as a
+# plain `import torch` does), options() shows the values as set, and each
+# device use raises one error naming every variable, its value and what it
+# accepts; nothing initializes.
+BAD_OPTIONS = {
+    "OPENREG_LAUNCH_BLOCKING": ("yes", "0 or 1"),
+    "OPENREG_WORKER_IDLE_MS": ("1s", "a non-negative integer"),
+    "OPENREG_DEVICE_MEMORY": ("4T", "a positive size in bytes"),
+    "OPENREG_MEMORY_PROTECT": ("on", "0 or 1"),
+    "OPENREG_RANDOM_THREADS": ("-2", "an integer from 0"),
+    "OPENREG_AUTOGRAD_ON_CALLER": ("true", "0 or 1"),
+    "OPENREG_KERNEL_THREADS": ("0", "an integer from 1 to 1024"),
+    "OPENREG_LOG": ("verbose", "one of error, warn, info, debug"),
+    "OPENREG_EXIT_DRAIN_MS": ("forever", "a non-negative integer"),
+    "OPENREG_SYNC_DEBUG": ("bogus", "one of default, warn, error"),
+}
+
+INVALID_OPTIONS = script(
+    "invalid_options",
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import torch  # autoloads torch_openreg
+        RESULT["autoloaded"] = hasattr(torch, "openreg")
+        RESULT["options"] = {name: [o["value"], o["source"]] for name, o in torch.openreg.options().items()}
+        RESULT["count"] = [torch.openreg.device_count(), torch.accelerator.device_count()]
+        RESULT["available"] = torch.openreg.is_available()
+        RESULT["errors"] = [
+            error_of(lambda: torch.empty(2, device="openreg")),
+            error_of(lambda: torch.ones(2, device="openreg:1")),
+            error_of(torch.openreg.init),
+            error_of(lambda: torch.openreg.Stream()),
+        ]
+        RESULT["initialized"] = torch.openreg.is_initialized()
+    RESULT["py_warnings"] = [str(w.message) for w in caught if "openreg" in str(w.message)]
+    done(RESULT)
+    """,
+    env=clean_env(**{name: value for name, (value, _) in BAD_OPTIONS.items()}),
+)
+
+
+@pytest.mark.subprocess
+def test_invalid_options_raise_at_first_use_naming_each_variable():
+    result = INVALID_OPTIONS.result()
+    data = result.check_ok()  # the import succeeded, nothing crashed
+    assert data["autoloaded"] is True
+    assert data["count"] == [2, 2] and data["available"] is True
+    errors = data["errors"]
+    assert all(e is not None and e.startswith("RuntimeError: openreg cannot initialize: invalid option values") for e in errors), errors
+    assert len(set(errors)) == 1, errors  # one error, the same each time
+    message = errors[0]
+    for name, (value, accepted) in BAD_OPTIONS.items():
+        assert f'{name}="{value}" (expected {accepted}' in message, (name, message)
+        assert data["options"][name] == [value, "invalid"], name
+    assert data["options"]["OPENREG_DEVICE_COUNT"] == ["2", "default"]
+    assert data["initialized"] is False
+    assert data["py_warnings"] == [], data["py_warnings"]  # the error is the report
+
+
 # Non-default options: four devices, and synchronous launches.
 OPTIONS = script(
     "device_count=4,launch_blocking=1",

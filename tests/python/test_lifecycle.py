@@ -182,6 +182,7 @@ OPTIONS = script(
     import torch, torch_openreg
     opts = torch.openreg.options()
     RESULT["opts"] = {name: [o["value"], o["source"]] for name, o in opts.items()}
+    RESULT["first_use"] = error_of(lambda: torch.empty(1, device="openreg"))
     done(RESULT)
     """,
     env=clean_env(OPENREG_LOG="INFO", OPENREG_EXIT_DRAIN_MS="250", OPENREG_SYNC_DEBUG="bogus"),
@@ -195,8 +196,12 @@ def test_options_show_value_and_source():
     assert opts["OPENREG_LOG"] == ["info", "environment"]
     assert opts["OPENREG_EXIT_DRAIN_MS"] == ["250", "environment"]
     assert opts["OPENREG_DEVICE_COUNT"] == ["2", "default"]
-    # An invalid value: the default, with one warning naming the variable and the accepted values.
-    assert opts["OPENREG_SYNC_DEBUG"] == ["default", "environment"]
-    assert result.stderr.count('OPENREG_SYNC_DEBUG="bogus" is invalid (expected one of default, warn, error)') == 1
+    # An invalid value shows as set; the first device use raises, naming the
+    # variable and the accepted values (tests/python/test_bad_input.py).
+    assert opts["OPENREG_SYNC_DEBUG"] == ["bogus", "invalid"]
+    assert result.data["first_use"] == (
+        'RuntimeError: openreg cannot initialize: invalid option value: '
+        'OPENREG_SYNC_DEBUG="bogus" (expected one of default, warn, error); fix or unset this variable'
+    ), result.data["first_use"]
     for name in ("OPENREG_LOG", "OPENREG_EXIT_DRAIN_MS", "OPENREG_SYNC_DEBUG"):
         assert name in open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()

@@ -144,7 +144,9 @@ def ipc_collect() -> None:
 
 def options() -> dict[str, dict[str, Any]]:
     """The ``OPENREG_*`` options in force: ``{name: {"value": ..., "source":
-    "environment" or "default", "help": ...}}``."""
+    "environment", "default" or "invalid", "help": ...}}``. An invalid value
+    (source ``"invalid"``, shown as set) makes the first device use raise a
+    RuntimeError naming each such variable and the values it accepts."""
     result = {}
     for line in _C._options().splitlines():
         name, value, source, help_text = line.split("\t", 3)
