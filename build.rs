@@ -66,6 +66,7 @@ fn main() {
         "cpp/elementwise.cpp",
         "cpp/generator.cpp",
         "cpp/random.cpp",
+        "cpp/autocast.cpp",
     ];
     cxx_build::bridge("src/ffi.rs")
         .files(sources)

@@ -14,6 +14,15 @@ import torch
 
 from torch_openreg import _C
 
+from . import amp
+from .amp import (
+    get_amp_supported_dtype,
+    get_autocast_dtype,
+    is_autocast_enabled,
+    is_bf16_supported,
+    set_autocast_dtype,
+    set_autocast_enabled,
+)
 from ._device import (
     current_device,
     device,
@@ -89,6 +98,7 @@ __all__ = [
     "Event",
     "Stream",
     "StreamContext",
+    "amp",
     "current_device",
     "current_stream",
     "default_stream",
@@ -96,13 +106,17 @@ __all__ = [
     "device_count",
     "device_of",
     "empty_cache",
+    "get_amp_supported_dtype",
+    "get_autocast_dtype",
     "get_device_name",
     "get_device_properties",
     "get_rng_state",
     "get_rng_state_all",
     "init",
     "initial_seed",
+    "is_autocast_enabled",
     "is_available",
+    "is_bf16_supported",
     "is_initialized",
     "manual_seed",
     "manual_seed_all",
@@ -117,6 +131,8 @@ __all__ = [
     "reset_peak_memory_stats",
     "seed",
     "seed_all",
+    "set_autocast_dtype",
+    "set_autocast_enabled",
     "set_device",
     "set_per_process_memory_fraction",
     "set_rng_state",
