@@ -49,6 +49,7 @@ from ._memory import (
     set_per_process_memory_fraction,
 )
 from ._random import (
+    default_generators as _default_generators,
     get_rng_state,
     get_rng_state_all,
     initial_seed,
@@ -68,6 +69,23 @@ from ._streams import (
     set_stream,
     stream,
 )
+
+
+def __getattr__(name: str) -> Any:
+    # torch.openreg.default_generators, as torch.cuda.default_generators: a
+    # tuple read on each access, so importing the module creates nothing.
+    if name == "default_generators":
+        return _default_generators()
+    raise AttributeError(f"module 'torch.openreg' has no attribute {name!r}")
+
+
+def _inductor_backend_init() -> None:
+    """Called by Inductor (``init_backend_registration``) the first time it
+    needs device backends: registers openreg's (Note [Inductor kernels in
+    stream order] in ``torch_openreg/_inductor.py``)."""
+    from torch_openreg import _inductor
+
+    _inductor.register()
 
 
 def _is_in_bad_fork() -> bool:
@@ -101,6 +119,7 @@ __all__ = [
     "amp",
     "current_device",
     "current_stream",
+    "default_generators",
     "default_stream",
     "device",
     "device_count",
