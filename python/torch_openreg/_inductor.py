@@ -39,6 +39,10 @@ import torch
 _DEVICE_TYPE = "openreg"
 
 
+def _kernel_threads() -> int:
+    return int(torch.openreg.options()["OPENREG_KERNEL_THREADS"]["value"])
+
+
 def _kernel_launcher(src_code: str, device_index: int, kernel_name_placeholder: str) -> str:
     """Turn the generated C++ source of one kernel into a launcher (see the Note)."""
     import torch_openreg
@@ -85,8 +89,10 @@ def _make_backend():
         # and then propagates dtypes the Triton way, which leaves the C++
         # code generator without the dtype of an index or a size
         # ("expected index.dtype is not None"). While openreg kernels are
-        # generated, the answer is "cpp".
-        return config.patch(cuda_backend="cpp")
+        # generated, the answer is "cpp". Their OpenMP team size is that of
+        # every other device kernel, OPENREG_KERNEL_THREADS (Note [Kernel
+        # threads]), not the process's thread count.
+        return config.patch({"cuda_backend": "cpp", "cpp.threads": _kernel_threads()})
 
     class OpenRegScheduling(CppScheduling):
         """Inductor's C++ scheduling, with every kernel a stream launcher."""
@@ -172,9 +178,10 @@ def _make_backend():
 
 def _codegen_version_pass():
     """A graph pass that changes nothing: it exists for its ``uuid``, which
-    Inductor folds into its FX graph cache key. The uuid hashes this file and
-    the header the kernels include, so code cached by another version of
-    openreg's code generation (or another install) is never reused."""
+    Inductor folds into its FX graph cache key. The uuid hashes this file,
+    the header the kernels include and the kernels' thread count, so code
+    cached by another version of openreg's code generation (or another
+    install, or setting) is never reused."""
     import hashlib
 
     import torch_openreg
@@ -184,6 +191,7 @@ def _codegen_version_pass():
     with open(__file__, "rb") as source:
         digest.update(source.read())
     digest.update(torch_openreg.include_dir().encode())
+    digest.update(str(_kernel_threads()).encode())
 
     class CodegenVersion(CustomGraphModulePass):
         def __call__(self, gm: torch.fx.GraphModule) -> None:

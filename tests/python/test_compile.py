@@ -145,6 +145,21 @@ def test_inductor_generates_stream_launchers():
     assert "torch_openreg::launch(torch_openreg::current_stream(0)" in code[0]
 
 
+def test_kernels_use_openreg_kernel_threads():
+    # Device kernels open OpenMP teams of OPENREG_KERNEL_THREADS (default 1)
+    # threads, not of the process's thread count (Note [Kernel threads]).
+    from torch._inductor.utils import run_and_get_code
+
+    fn = lambda a: (a.sin() * 2).sum()  # noqa: E731
+    x = torch.randn(1 << 18)
+    _, cpu_code = run_and_get_code(torch.compile(fn), x)
+    if torch.get_num_threads() < 2 or "#pragma omp parallel" not in cpu_code[0]:
+        pytest.skip("the CPU build of this kernel is not parallel here")
+    out, code = run_and_get_code(torch.compile(fn), x.to(DEV))
+    assert "#pragma omp parallel" not in code[0]
+    torch.testing.assert_close(out.cpu(), fn(x))
+
+
 def test_kernels_run_in_stream_order():
     compiled = torch.compile(lambda a: a * 3 + 1)
     a = torch.zeros(4096, device=DEV)
