@@ -67,6 +67,7 @@ fn main() {
         "cpp/generator.cpp",
         "cpp/random.cpp",
         "cpp/autocast.cpp",
+        "cpp/attention.cpp",
     ];
     cxx_build::bridge("src/ffi.rs")
         .files(sources)
