@@ -69,11 +69,9 @@ def _attention_with_grads(q, k, v, device, **kwargs):
     return [t.detach().cpu() for t in (out, q.grad, k.grad, v.grad)]
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("mask", sorted(MASKS))
+# sdpa takes a mask or is_causal, not both.
+@pytest.mark.parametrize("mask, causal", [("none", False), ("none", True), ("bool_2d", False), ("float_4d", False)])
 def test_forward_and_backward_match_cpu_and_math(mask, causal):
-    if causal and mask != "none":
-        pytest.skip("sdpa takes a mask or is_causal, not both")
     q, k, v = _qkv(l=8, s=12)
     attn_mask = MASKS[mask](8, 12)
     device = _attention_with_grads(q, k, v, DEV, attn_mask=attn_mask, is_causal=causal)
