@@ -66,6 +66,8 @@ fn main() {
         "cpp/elementwise.cpp",
         "cpp/generator.cpp",
         "cpp/random.cpp",
+        "cpp/autocast.cpp",
+        "cpp/attention.cpp",
     ];
     cxx_build::bridge("src/ffi.rs")
         .files(sources)

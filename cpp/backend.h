@@ -25,5 +25,7 @@ c10::Allocator* device_memory_allocator();
 c10::Allocator* pinned_memory_allocator();
 // Registers the aten kernels and the boxed fallback for PrivateUse1.
 void register_ops();
+// Registers the AutocastPrivateUse1 kernels (Note [Autocast policy], autocast.cpp).
+void register_autocast();
 
 } // namespace openreg

@@ -27,6 +27,7 @@ void register_fallback_kernels(torch::Library& aten);
 void register_convolution(torch::Library& aten);
 void register_elementwise(torch::Library& aten);
 void register_random(torch::Library& aten);
+void register_attention(torch::Library& aten);
 
 namespace {
 
@@ -226,6 +227,7 @@ void register_ops() {
   register_convolution(*aten);
   register_elementwise(*aten);
   register_random(*aten);
+  register_attention(*aten);
   // Last: it sends ops that have no openreg kernel by now to the fallback.
   register_fallback_kernels(*aten);
 

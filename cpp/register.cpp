@@ -23,6 +23,7 @@ void register_backend() {
   at::RegisterPrivateUse1HooksInterface(new_hooks());
   register_allocators();
   register_ops();
+  register_autocast();
   registered.store(true);
 }
 

@@ -89,6 +89,13 @@ from torch_openreg import _distributed  # noqa: E402,F401
 # between processes]).
 from torch_openreg import _multiprocessing  # noqa: E402,F401
 
+# torch.compile: dynamo's device interface, registered when dynamo loads
+# (Note [Registering with lazily imported torch modules]); Inductor's backend
+# is registered by torch itself through torch.openreg._inductor_backend_init.
+from torch_openreg import _after_import, _dynamo_interface  # noqa: E402
+
+_after_import.after_import("torch._dynamo.device_interface", _dynamo_interface.register)
+
 # Backward of openreg graphs on the calling thread, as for CPU tensors (on
 # autograd's device thread, each op would be a hand-off between threads).
 # Autograd's setting is per thread: this is the importing thread's, usually

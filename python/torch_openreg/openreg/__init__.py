@@ -14,7 +14,14 @@ import torch
 
 from torch_openreg import _C
 
-from . import memory
+from . import amp, memory
+from .amp import (
+    get_amp_supported_dtype,
+    get_autocast_dtype,
+    is_autocast_enabled,
+    set_autocast_dtype,
+    set_autocast_enabled,
+)
 from ._device import (
     can_device_access_peer,
     current_device,
@@ -62,6 +69,7 @@ from ._memory import (
     set_per_process_memory_fraction,
 )
 from ._random import (
+    default_generators as _default_generators,
     get_rng_state,
     get_rng_state_all,
     initial_seed,
@@ -91,14 +99,6 @@ has_half = True
 has_magma = False
 
 
-def __getattr__(name: str) -> Any:
-    # default_generators: built on first access, not at import (creating a
-    # device's generator must not initialize the runtime before it is used).
-    if name == "default_generators":
-        return tuple(_C._get_default_generator(i) for i in range(device_count()))
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def _inject_fault(kind: str, after: int = 0) -> None:
     """Make the next-but-``after`` operation of ``kind`` fail once, to test
     error handling (Note [Injected faults] in src/fault.rs): ``"alloc"`` (an
@@ -121,6 +121,23 @@ def _finalize() -> None:
     memory, in priority order), for embedders that tear down early; later
     device work raises. The process does this itself at exit."""
     _C._finalize()
+
+
+def __getattr__(name: str) -> Any:
+    # torch.openreg.default_generators, as torch.cuda.default_generators: a
+    # tuple read on each access, so importing the module creates nothing.
+    if name == "default_generators":
+        return _default_generators()
+    raise AttributeError(f"module 'torch.openreg' has no attribute {name!r}")
+
+
+def _inductor_backend_init() -> None:
+    """Called by Inductor (``init_backend_registration``) the first time it
+    needs device backends: registers openreg's (Note [Inductor kernels in
+    stream order] in ``torch_openreg/_inductor.py``)."""
+    from torch_openreg import _inductor
+
+    _inductor.register()
 
 
 def _is_in_bad_fork() -> bool:
@@ -165,11 +182,13 @@ __all__ = [
     "OutOfMemoryError",
     "Stream",
     "StreamContext",
+    "amp",
     "caching_allocator_alloc",
     "caching_allocator_delete",
     "can_device_access_peer",
     "current_device",
     "current_stream",
+    "default_generators",
     "default_stream",
     "device",
     "device_count",
@@ -177,15 +196,17 @@ __all__ = [
     "device_of",
     "empty_cache",
     "get_allocator_backend",
+    "get_amp_supported_dtype",
     "get_arch_list",
+    "get_autocast_dtype",
     "get_device_capability",
     "get_device_name",
     "get_device_properties",
+    "get_op_timeout_ms",
     "get_per_process_memory_fraction",
     "get_rng_state",
     "get_rng_state_all",
     "get_stream_from_external",
-    "get_op_timeout_ms",
     "get_sync_debug_mode",
     "has_half",
     "has_magma",
@@ -194,6 +215,7 @@ __all__ = [
     "init",
     "initial_seed",
     "ipc_collect",
+    "is_autocast_enabled",
     "is_available",
     "is_bf16_supported",
     "is_initialized",
@@ -221,12 +243,14 @@ __all__ = [
     "reset_peak_memory_stats",
     "seed",
     "seed_all",
+    "set_autocast_dtype",
+    "set_autocast_enabled",
     "set_device",
+    "set_op_timeout_ms",
     "set_per_process_memory_fraction",
     "set_rng_state",
     "set_rng_state_all",
     "set_stream",
-    "set_op_timeout_ms",
     "set_sync_debug_mode",
     "stream",
     "stream_priority_range",

@@ -19,6 +19,11 @@ def _default_generator(device: Any = None) -> torch.Generator:
     return _C._get_default_generator(_device_index(device, optional=True))
 
 
+def default_generators() -> tuple[torch.Generator, ...]:
+    """Every device's default generator, in device order (``torch.openreg.default_generators``)."""
+    return tuple(_C._get_default_generator(index) for index in range(device_count()))
+
+
 def get_rng_state(device: Any = "openreg") -> torch.Tensor:
     """The state of ``device``'s default generator: 16 bytes (seed, offset) as a CPU uint8 tensor."""
     return _default_generator(device).get_state()

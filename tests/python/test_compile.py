@@ -1,0 +1,289 @@
+"""torch.compile on openreg: dynamo's device interface, and the default
+Inductor backend generating C++ kernels that run in stream order on the
+device of their tensors (Note [Inductor kernels in stream order])."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from _openreg_util import busy, clean_env, new_stream, script
+
+DEV = "openreg"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles its functions afresh; FX graphs come from this
+    process's compiles, never from the on-disk cache of another run."""
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        yield
+    torch._dynamo.reset()
+
+
+# --- dynamo's device interface -----------------------------------------------
+
+
+def _interface():
+    from torch._dynamo.device_interface import get_interface_for_device
+
+    return get_interface_for_device(DEV)
+
+
+def test_device_interface_devices_and_properties():
+    iface = _interface()
+    assert iface.is_available() and iface.device_count() == torch.openreg.device_count() == 2
+    assert not iface.is_gpu()  # C++ code generation, not Triton
+    assert iface.current_device() == 0
+    assert iface.exchange_device(1) == 0
+    assert iface.current_device() == 1 == torch.openreg.current_device()
+    assert iface.maybe_exchange_device(0) == 1
+    assert iface.exchange_device(-1) == -1 and iface.current_device() == 0
+    iface.set_device(1)
+    assert torch.openreg.current_device() == 1
+    iface.set_device(0)
+    with iface.device(1):
+        assert torch.openreg.current_device() == 1
+    props = iface.get_device_properties(1)
+    assert props == torch.openreg.get_device_properties(1)
+    assert iface.Worker.get_device_properties("openreg:1") == props
+    assert iface.Worker.current_device() == 0
+    major, minor = props.major, props.minor
+    assert iface.get_compute_capability(1) == major * 10 + minor
+    assert iface.is_bf16_supported() and iface.is_dtype_supported(torch.bfloat16)
+    before = iface.memory_allocated(1)
+    block = torch.empty(1 << 20, dtype=torch.uint8, device="openreg:1")
+    assert iface.memory_allocated(1) == before + block.numel()
+
+
+def test_device_interface_streams_and_events():
+    iface = _interface()
+    assert issubclass(iface.Stream, torch.Stream) and issubclass(iface.Event, torch.Event)
+    side = iface.Stream(device=0)
+    with iface.stream(side):
+        assert iface.current_stream() == side
+        assert iface.get_raw_stream(0) == side.native_handle
+    assert iface.current_stream() != side
+    iface._set_stream_by_id(side.stream_id, side.device_index, side.device_type)
+    assert iface.current_stream() == side
+    iface.set_stream(torch.openreg.default_stream(0))
+    assert iface.get_raw_stream(0) == torch.openreg.default_stream(0).native_handle
+
+    start, end = iface.Event(enable_timing=True), iface.Event(enable_timing=True)
+    start.record()
+    torch.openreg._sleep(20)
+    end.record()
+    iface.synchronize()
+    assert end.query()
+    assert start.elapsed_time(end) >= 15
+
+
+def test_default_generators():
+    gens = torch.openreg.default_generators
+    assert len(gens) == torch.openreg.device_count()
+    assert [g.device for g in gens] == [torch.device(DEV, i) for i in range(len(gens))]
+    gens[1].manual_seed(123)
+    first = torch.randn(4, device="openreg:1").cpu()
+    torch.openreg.manual_seed_all(0)
+    gens[1].manual_seed(123)
+    assert torch.equal(torch.randn(4, device="openreg:1").cpu(), first)
+    assert gens[1].initial_seed() == 123
+
+
+IMPORT_IS_LAZY = script(
+    "dynamo-interface-lazy",
+    """
+    import torch, torch_openreg
+    RESULT["dynamo_loaded_by_import"] = "torch._dynamo" in sys.modules
+    import torch._dynamo
+    from torch._dynamo.device_interface import get_interface_for_device
+    RESULT["interface"] = get_interface_for_device("openreg").__name__
+    from torch._inductor.utils import GPU_TYPES
+    RESULT["gpu_types"] = list(GPU_TYPES)
+    done(RESULT)
+    """,
+)
+
+
+@pytest.mark.subprocess
+def test_interface_registers_when_dynamo_loads():
+    data = IMPORT_IS_LAZY.result().check_ok()
+    assert data["dynamo_loaded_by_import"] is False  # importing torch_openreg stays cheap
+    assert data["interface"] == "OpenRegInterface"
+    assert "openreg" not in data["gpu_types"]
+
+
+# --- Inductor ----------------------------------------------------------------
+
+
+def _pointwise_reduction_matmul(x, y):
+    z = (x.sin() + y).relu() * 2
+    return z.sum(0), z.mean(-1, keepdim=True) - z.amax(), x @ y.t(), torch.softmax(z, -1)
+
+
+def test_compiled_ops_match_eager_and_cpu_compile():
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 24), torch.randn(16, 24)
+    compiled = torch.compile(_pointwise_reduction_matmul)
+    on_device = compiled(x.to(DEV), y.to(DEV))
+    eager = _pointwise_reduction_matmul(x.to(DEV), y.to(DEV))
+    on_cpu = torch.compile(_pointwise_reduction_matmul)(x, y)
+    for d, e, c in zip(on_device, eager, on_cpu):
+        assert d.device.type == DEV
+        torch.testing.assert_close(d.cpu(), e.cpu())
+        torch.testing.assert_close(d.cpu(), c)
+
+
+def test_inductor_generates_stream_launchers():
+    from torch._inductor.utils import run_and_get_code
+
+    _, code = run_and_get_code(torch.compile(lambda a: (a * 2).exp()), torch.ones(8, device=DEV))
+    assert "torch_openreg::launch(torch_openreg::current_stream(0)" in code[0]
+
+
+def test_kernels_use_openreg_kernel_threads():
+    # Device kernels open OpenMP teams of OPENREG_KERNEL_THREADS (default 1)
+    # threads, not of the process's thread count (Note [Kernel threads]).
+    from torch._inductor.utils import run_and_get_code
+
+    fn = lambda a: (a.sin() * 2).sum()  # noqa: E731
+    x = torch.randn(1 << 18)
+    _, cpu_code = run_and_get_code(torch.compile(fn), x)
+    if torch.get_num_threads() < 2 or "#pragma omp parallel" not in cpu_code[0]:
+        pytest.skip("the CPU build of this kernel is not parallel here")
+    out, code = run_and_get_code(torch.compile(fn), x.to(DEV))
+    assert "#pragma omp parallel" not in code[0]
+    torch.testing.assert_close(out.cpu(), fn(x))
+
+
+def test_kernels_run_in_stream_order():
+    compiled = torch.compile(lambda a: a * 3 + 1)
+    a = torch.zeros(4096, device=DEV)
+    compiled(a)  # compiled now; the calls below only queue work
+    torch.openreg.synchronize()
+    side = new_stream(0)
+    with torch.openreg.stream(side):
+        torch.openreg._sleep(500)
+        a.fill_(2.0)  # queued behind the sleep
+        out = compiled(a)  # must read the 2.0s, after the sleep
+        queued = not side.query()
+    assert queued, "the compiled kernel ran before the work queued ahead of it"
+    assert torch.openreg.default_stream(0).query(), "the kernel went to the wrong stream"
+    side.synchronize()
+    assert torch.equal(out.cpu(), torch.full((4096,), 7.0))
+
+
+def test_kernels_run_on_the_device_of_their_tensors():
+    compiled = torch.compile(lambda a, b: (a + b).relu().sum(0))
+    a = torch.randn(32, 8).to("openreg:1")
+    b = torch.randn(32, 8).to("openreg:1")
+    compiled(a, b)  # compiled now; the call below only queues work
+    torch.openreg.synchronize(1)
+    busy(torch.openreg.current_stream(1), 500)
+    out = compiled(a, b)  # current device 0, tensors on 1
+    assert out.device == torch.device("openreg:1")
+    assert not torch.openreg.current_stream(1).query()
+    assert torch.openreg.default_stream(0).query(), "the kernel went to device 0"
+    torch.testing.assert_close(out.cpu(), (a.cpu() + b.cpu()).relu().sum(0))
+
+
+def test_dynamic_shapes_and_recompiles():
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(lambda t: (t * t).sum(-1) + t.shape[0], backend=counter, dynamic=True)
+    for n in (5, 7, 11):
+        t = torch.randn(n, 3)
+        torch.testing.assert_close(compiled(t.to(DEV)).cpu(), (t * t).sum(-1) + n)
+    assert counter.frame_count == 1  # one dynamic graph serves every size
+
+    counter = CompileCounterWithBackend("inductor")
+    static = torch.compile(lambda t: t.cos() * 2, backend=counter, dynamic=False)
+    for n in (4, 6):
+        t = torch.randn(n)
+        torch.testing.assert_close(static(t.to(DEV)).cpu(), t.cos() * 2)
+    assert counter.frame_count == 2  # a new shape recompiles
+
+
+def test_graph_breaks():
+    counter = CompileCounterWithBackend("inductor")
+
+    def fn(t):
+        u = t.exp()
+        if u.sum().item() > 0:  # data-dependent control flow: a graph break
+            u = u * 2
+        return u.log()
+
+    t = torch.randn(10)
+    out = torch.compile(fn, backend=counter)(t.to(DEV))
+    torch.testing.assert_close(out.cpu(), fn(t))
+    assert counter.frame_count == 2
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 5))
+
+
+def _cnn():
+    torch.manual_seed(1)
+    return nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1, bias=False),
+        nn.BatchNorm2d(6),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(6 * 4 * 4, 5),
+    )
+
+
+def _train(model, inputs, target, steps, compile_step):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def step(x, y):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    step_fn = torch.compile(step) if compile_step else step
+    losses = []
+    for _ in range(steps):
+        losses.append(step_fn(inputs, target).detach())
+        optimizer.step()
+    return [l.cpu() for l in losses], [p.detach().cpu() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("make_model, shape", [(_mlp, (8, 12)), (_cnn, (4, 3, 8, 8))], ids=["mlp", "cnn"])
+def test_compiled_training_step_matches_eager(make_model, shape):
+    torch.manual_seed(2)
+    x, y = torch.randn(*shape), torch.randint(0, 5, (shape[0],))
+    model = make_model()
+    compiled = _train(copy.deepcopy(model).to(DEV), x.to(DEV), y.to(DEV), 3, compile_step=True)
+    eager = _train(copy.deepcopy(model).to(DEV), x.to(DEV), y.to(DEV), 3, compile_step=False)
+    for c, e in zip(compiled[0] + compiled[1], eager[0] + eager[1]):
+        torch.testing.assert_close(c, e, rtol=1e-5, atol=1e-5)
+
+
+MEMORY_PROTECT = script(
+    "compile-memory-protect",
+    """
+    import torch, torch_openreg
+    torch._inductor.config.fx_graph_cache = False
+    x = torch.randn(64)
+    out = torch.compile(lambda t: (t.sin() * 2).sum())(x.to("openreg"))
+    RESULT["error"] = float((out.cpu() - (x.sin() * 2).sum()).abs())
+    done(RESULT)
+    """,
+    env=clean_env(OPENREG_MEMORY_PROTECT="1"),
+    timeout=240,
+)
+
+
+@pytest.mark.subprocess
+def test_compiled_kernels_under_memory_protection():
+    # Host code touching device memory would fault: the kernels run through the stream.
+    data = MEMORY_PROTECT.result().check_ok()
+    assert data["error"] < 1e-4
