@@ -162,10 +162,14 @@ void launch(c10::DeviceIndex device, Body&& body, ffi::LaunchMode mode) {
 // synchronization the caller needs, e.g. to read a value on the host). An
 // exception `body` throws reaches the caller as thrown. `what` names the
 // operation for sync-debug mode, which reports it whether or not the stream
-// is busy (Note [Sync debug] in src/sync_debug.rs).
+// is busy (Note [Sync debug] in src/sync_debug.rs); an empty `what` marks a
+// wait of the runtime's own that CUDA would not make (a plan's first check,
+// Note [Meta results]), which is not reported.
 template <typename Body>
 void run_in_stream_order(c10::DeviceIndex device, rust::Str what, Body&& body) {
-  checked([&] { ffi::check_host_sync(what); });
+  if (!what.empty()) {
+    checked([&] { ffi::check_host_sync(what); });
+  }
   if (run_inline(device, 0, body)) {
     return;
   }
