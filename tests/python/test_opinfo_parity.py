@@ -22,9 +22,9 @@ ACCELERATOR_ACC_POLICY = (
     "PyTorch's own CPU-vs-MPS comparison skips these samples for that reason"
 )
 THREE_D_ATTENTION = (
-    "the backward of 3-D (batch, sequence, feature) attention: CPU runs its flash kernel, openreg's "
-    "OVERRIDEABLE backend takes 4-D inputs only (cpp/attention.cpp), so these take the math path, "
-    "whose float16/bfloat16 rounding differs; 4-D attention equals CPU (test_attention.py)"
+    "the backward of 3-D (batch, sequence, feature) attention: CPU runs its flash kernel; openreg, like "
+    "CUDA (whose fused kernels take 4-D inputs only), runs the math path (cpp/attention.cpp), whose "
+    "float16/bfloat16 rounding differs; 4-D attention equals CPU (test_attention.py)"
 )
 KNOWN_FAILURES = {
     **{
