@@ -266,8 +266,10 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     queue_with_planned_results(call, device, *lookup.planned);
     return;
   }
-  const std::string what =
-      lookup.to_check ? std::string() : op.schema().name() + " (the host waits for its results: a data-dependent shape or a host value)";
+  // A plan's first check is the runtime's own wait, not reported (empty).
+  const std::string what = lookup.to_check
+      ? std::string()
+      : op.schema().name() + " (the host waits for its results: a data-dependent shape or a host value)";
   run_in_stream_order(device.index(), what, [&] { call.run_cpu_kernel_on_views(); });
   call.results_to_device(device);
   if (lookup.to_check) {
