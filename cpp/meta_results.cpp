@@ -424,22 +424,20 @@ at::Tensor materialize(const PlannedTensor& planned, const std::vector<at::Tenso
 
 PlanLookup plan_results(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, c10::Device device) {
   PlanLookup lookup;
+  const std::vector<at::Tensor> tensors = openreg_tensors(arguments);
   // Ops that reach the fallback with lazily conjugated or negated operands
   // (matmul, views: the Conjugate and Negative fallbacks let them through)
   // read the bits in the CPU kernel; a Meta stand-in does not carry them,
   // so it cannot say which bits a view result has. They run unplanned.
-  bool lazy_bits = false;
-  for (const at::Tensor& t : openreg_tensors(arguments)) {
-    lazy_bits = lazy_bits || t.is_conj() || t.is_neg();
-  }
-  if (lazy_bits) {
-    return lookup;
+  for (const at::Tensor& t : tensors) {
+    if (t.is_conj() || t.is_neg()) {
+      return lookup;
+    }
   }
   std::optional<Plan> plan = plan_cache().find(op, arguments, lookup.to_check);
   if (!plan) {
     return lookup;
   }
-  const std::vector<at::Tensor> tensors = openreg_tensors(arguments);
   c10::DeviceGuard guard(device);
   PlannedResults& planned = lookup.planned.emplace();
   for (const PlannedReturn& ret : *plan) {
