@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from torch_openreg import _C, openreg
+from torch_openreg.openreg._device import _device_index
 
 _DEVICE_TYPE = "openreg"
 
@@ -21,19 +22,6 @@ _DEVICE_TYPE = "openreg"
 # compile workers (Worker below), as dynamo's own interfaces do.
 _worker_properties: list[Any] = []
 _worker_device: list[int] = []
-
-
-def _index(device: Any) -> int:
-    """The device index ``device`` names (None: the current device)."""
-    if device is None:
-        return openreg.current_device()
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.type != _DEVICE_TYPE:
-            raise ValueError(f"expected an openreg device, got {device}")
-        return openreg.current_device() if device.index is None else device.index
-    return int(device)
 
 
 def _make_interface():
@@ -67,7 +55,7 @@ def _make_interface():
             def get_device_properties(device: Any = None) -> Any:
                 if not _worker_properties:
                     _worker_properties.extend(openreg.get_device_properties(i) for i in range(openreg.device_count()))
-                index = OpenRegInterface.Worker.current_device() if device is None else _index(device)
+                index = OpenRegInterface.Worker.current_device() if device is None else _device_index(device, optional=True)
                 return _worker_properties[index]
 
         current_device = staticmethod(openreg.current_device)
