@@ -349,12 +349,7 @@ def ddp(rank: int, steps: int) -> dict:
         optimizer.step()
     trained = [p.detach().cpu() for p in model.module.parameters()]
 
-    reference = _ddp_model()
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
-    for step in range(steps):
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(reference(inputs[step]), targets[step]).backward()
-        optimizer.step()
+    reference = _trained_in_one_process(inputs, targets, steps)
     initial = [p.detach() for p in _ddp_model().parameters()]
     out = {
         "max_difference": max((a - b).abs().max().item() for a, b in zip(trained, reference.parameters())),
@@ -363,6 +358,18 @@ def ddp(rank: int, steps: int) -> dict:
     }
     dist.destroy_process_group()
     return out
+
+
+def _trained_in_one_process(inputs, targets, steps: int):
+    """The reference: the same model and optimizer on the CPU, one process,
+    the ranks' batches concatenated."""
+    reference = _ddp_model()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(reference(inputs[step]), targets[step]).backward()
+        optimizer.step()
+    return reference
 
 
 def fsdp(rank: int, steps: int) -> dict:
@@ -387,12 +394,7 @@ def fsdp(rank: int, steps: int) -> dict:
     trained = [p.full_tensor().detach().cpu() for p in model.parameters()]
     shard_devices = sorted({str(p.to_local().device) for p in model.parameters()})
 
-    reference = _ddp_model()
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
-    for step in range(steps):
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(reference(inputs[step]), targets[step]).backward()
-        optimizer.step()
+    reference = _trained_in_one_process(inputs, targets, steps)
     out = {
         "max_difference": max((a - b).abs().max().item() for a, b in zip(trained, reference.parameters())),
         "devices": shard_devices,
