@@ -68,6 +68,7 @@ fn main() {
         "cpp/random.cpp",
         "cpp/autocast.cpp",
         "cpp/attention.cpp",
+        "cpp/graph.cpp",
     ];
     cxx_build::bridge("src/ffi.rs")
         .files(sources)

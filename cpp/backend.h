@@ -27,5 +27,7 @@ c10::Allocator* pinned_memory_allocator();
 void register_ops();
 // Registers the AutocastPrivateUse1 kernels (Note [Autocast policy], autocast.cpp).
 void register_autocast();
+// Registers the at::GraphImplInterface behind torch.accelerator.Graph (graph.cpp).
+void register_graphs();
 
 } // namespace openreg

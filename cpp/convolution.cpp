@@ -59,7 +59,8 @@ at::Tensor convolution(
        transposed, output_padding = output_padding.vec(), groups] {
         out.copy_(at::convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups));
       },
-      launch_mode_for(out.numel()));
+      launch_mode_for(out.numel()),
+      KernelInfo("aten::convolution", {input, weight, bias.value_or(at::Tensor())}, {out}));
   return out;
 }
 
@@ -98,7 +99,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
           }
         }
       },
-      launch_mode_for(input.numel()));
+      launch_mode_for(input.numel()),
+      KernelInfo(
+          "aten::convolution_backward", {grad_output, input, weight}, {grad_input, grad_weight, grad_bias}));
   return {grad_input, grad_weight, grad_bias};
 }
 

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstring>
 #include <memory>
+#include <sstream>
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
@@ -91,7 +92,8 @@ at::Tensor copy_to_device(const at::Tensor& host, c10::Device device) {
     queue_kernel(
         device.index(),
         [dst = kernel_operand(copy), src = kernel_operand(host)] { dst.copy_(src); },
-        ffi::LaunchMode::Queue);
+        ffi::LaunchMode::Queue,
+        KernelInfo("copy to device", {}, {copy}));
   }
   return copy;
 }
@@ -109,7 +111,8 @@ void resize_device_storage(const c10::Storage& storage, size_t new_bytes) {
     launch(
         storage.device().index(),
         [old, dst = storage.mutable_data(), keep] { std::memcpy(dst, old->get(), keep); },
-        launch_mode_for(static_cast<int64_t>(keep / sizeof(float))));
+        launch_mode_for(static_cast<int64_t>(keep / sizeof(float))),
+        KernelInfo("resize storage"));
   }
 }
 
@@ -141,9 +144,28 @@ KernelThreads::~KernelThreads() {
   }
 }
 
-void queue_kernel(c10::DeviceIndex device, std::function<void()> body, ffi::LaunchMode mode) {
+KernelInfo::KernelInfo(const char* name, std::initializer_list<at::Tensor> reads, std::initializer_list<at::Tensor> writes)
+    : name(name) {
+  for (const at::Tensor& t : reads) {
+    add(t, false);
+  }
+  for (const at::Tensor& t : writes) {
+    add(t, true);
+  }
+}
+
+void KernelInfo::add(const at::Tensor& t, bool written) {
+  if (t.defined() && t.has_storage()) {
+    const auto address = reinterpret_cast<uintptr_t>(t.storage().data()) + t.storage_offset() * t.itemsize();
+    buffers.push_back({address, static_cast<size_t>(t.numel()) * t.itemsize(), written});
+  }
+}
+
+void queue_kernel(c10::DeviceIndex device, std::function<void()> body, ffi::LaunchMode mode, KernelInfo info) {
   auto kernel = std::make_unique<ffi::Kernel>();
   kernel->body = std::move(body);
+  kernel->name = info.name;
+  kernel->buffers = std::move(info.buffers);
   checked([&] { ffi::launch_kernel(device, std::move(kernel), mode); });
 }
 
@@ -158,6 +180,16 @@ namespace openreg::ffi {
 void run_kernel(Kernel& kernel) {
   KernelThreads threads;
   kernel.body();
+}
+
+::rust::String describe_kernel(const Kernel& kernel) {
+  std::ostringstream text;
+  text << kernel.name;
+  for (const KernelBuffer& b : kernel.buffers) {
+    text << "\\n" << (b.written ? "writes " : "reads ") << "0x" << std::hex << b.address << std::dec << " ("
+         << b.bytes << " bytes)";
+  }
+  return ::rust::String(text.str());
 }
 
 } // namespace openreg::ffi

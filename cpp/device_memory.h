@@ -4,6 +4,8 @@
 
 #include <exception>
 #include <functional>
+#include <initializer_list>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -112,10 +114,29 @@ class KernelThreads {
   int saved_ = 0; // 0: nothing to restore
 };
 
+// What a kernel is: its name (a string that lives for the process, like an
+// operator's name) and the tensors it reads and writes. Captured in a graph
+// it labels the kernel's node in the debug dump (src/graph.rs).
+struct KernelInfo {
+  const char* name = "kernel";
+  std::vector<ffi::KernelBuffer> buffers;
+
+  KernelInfo() = default;
+  explicit KernelInfo(const char* name) : name(name) {}
+  KernelInfo(const char* name, std::initializer_list<at::Tensor> reads, std::initializer_list<at::Tensor> writes);
+  void add(const at::Tensor& t, bool written);
+};
+
 // Queues `body` as a kernel on the current stream of `device` (see
 // ffi::LaunchMode). A failure of a queued kernel is reported by the stream's
-// next synchronize; otherwise rethrown.
-void queue_kernel(c10::DeviceIndex device, std::function<void()> body, ffi::LaunchMode mode);
+// next synchronize; otherwise rethrown. A stream capturing a graph records
+// it instead (Note [Graph capture] in src/graph.rs): `body` then runs once
+// per replay, so it must not consume its captures.
+void queue_kernel(
+    c10::DeviceIndex device,
+    std::function<void()> body,
+    ffi::LaunchMode mode,
+    KernelInfo info = KernelInfo());
 
 // Kernels up to this many elements run inline on an idle stream.
 constexpr int64_t kInlineKernelElements = 1 << 16;
@@ -148,11 +169,11 @@ bool run_inline(c10::DeviceIndex device, int64_t numel, Body&& body) {
 // accessible, as `mode` says. InlineIfIdle on an idle stream runs it right
 // here, without packaging it as a queued kernel.
 template <typename Body>
-void launch(c10::DeviceIndex device, Body&& body, ffi::LaunchMode mode) {
+void launch(c10::DeviceIndex device, Body&& body, ffi::LaunchMode mode, KernelInfo info = KernelInfo()) {
   if (mode == ffi::LaunchMode::InlineIfIdle && run_inline(device, 0, body)) {
     return;
   }
-  queue_kernel(device, std::forward<Body>(body), mode);
+  queue_kernel(device, std::forward<Body>(body), mode, std::move(info));
 }
 
 

@@ -28,7 +28,7 @@ c10::Device binary_device(const at::Tensor& self, const at::Tensor& other, const
     bool ok = t->device() == on_device.device() || (t->is_cpu() && t->dim() == 0);
     TORCH_CHECK(
         ok, "Expected all tensors to be on the same device, but found at least two devices, ",
-        on_device.device(), " and ", t->device(), "! (in aten::", op, ")");
+        on_device.device(), " and ", t->device(), "! (in ", op, ")");
   }
   return on_device.device();
 }
@@ -58,7 +58,8 @@ at::Tensor binary(
         [compute, out = kernel_operand(out), a = kernel_operand(self), b = kernel_operand(other)]() mutable {
           compute(out, a, b);
         },
-        ffi::LaunchMode::Queue);
+        ffi::LaunchMode::Queue,
+        KernelInfo(op, {self, other}, {out}));
   }
   return out;
 }
@@ -69,19 +70,19 @@ c10::ScalarType common_dtype(const at::Tensor& self, const at::Tensor& other) {
 }
 
 at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  return binary(self, other, common_dtype(self, other), "add", [alpha](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  return binary(self, other, common_dtype(self, other), "aten::add", [alpha](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
     at::cpu::add_out(out, a, b, alpha);
   });
 }
 
 at::Tensor sub(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  return binary(self, other, common_dtype(self, other), "sub", [alpha](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  return binary(self, other, common_dtype(self, other), "aten::sub", [alpha](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
     at::cpu::sub_out(out, a, b, alpha);
   });
 }
 
 at::Tensor mul(const at::Tensor& self, const at::Tensor& other) {
-  return binary(self, other, common_dtype(self, other), "mul", [](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  return binary(self, other, common_dtype(self, other), "aten::mul", [](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
     at::cpu::mul_out(out, a, b);
   });
 }
@@ -92,7 +93,7 @@ at::Tensor div(const at::Tensor& self, const at::Tensor& other) {
   if (c10::isIntegralType(dtype, /*includeBool=*/true)) {
     dtype = c10::typeMetaToScalarType(c10::get_default_dtype());
   }
-  return binary(self, other, dtype, "div", [](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  return binary(self, other, dtype, "aten::div", [](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
     at::cpu::div_out(out, a, b);
   });
 }

@@ -14,6 +14,9 @@
 //     results and grown out= storage are allocated now, in stream order; a
 //     kernel that runs the CPU kernel on views and copies fresh results into
 //     place is queued, and the call returns at once.
+//     While the stream captures a graph, a plan not yet checked is used
+//     as it is (the capture cannot run the op to check it; each replay's
+//     kernel still checks the shapes it computed against it).
 //  3. Waited: otherwise, when the results cannot be known without
 //     running the op (no Meta kernel; a data-dependent shape, as nonzero's;
 //     a non-tensor result; a generator argument, whose state must advance
@@ -237,7 +240,16 @@ void queue_with_planned_results(Call& call, c10::Device device, PlannedResults& 
       map_tensors(value, [](const at::Tensor& t) { return t.is_privateuseone() ? kernel_operand(t) : host_copy(t); });
     }
     torch::jit::Stack destinations = results;
+    KernelInfo info(call.op.schema().name().c_str());
+    const auto& schema_arguments = call.op.schema().arguments();
+    for (size_t i = 0; i < schema_arguments.size(); ++i) {
+      const c10::AliasInfo* alias = schema_arguments[i].alias_info();
+      for_each_tensor(call.stack[call.first_arg + i], [&](const at::Tensor& t) {
+        info.add(t, alias != nullptr && alias->isWrite());
+      });
+    }
     for (c10::IValue& value : destinations) {
+      for_each_tensor(value, [&](const at::Tensor& t) { info.add(t, true); });
       map_tensors(value, [](const at::Tensor& t) { return kernel_operand(t); });
     }
     queue_kernel(
@@ -247,7 +259,8 @@ void queue_with_planned_results(Call& call, c10::Device device, PlannedResults& 
           op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
           fill_planned_results(op, stack, destinations);
         },
-        ffi::LaunchMode::Queue);
+        ffi::LaunchMode::Queue,
+        std::move(info));
   }
   call.stack.erase(call.stack.begin() + call.first_arg, call.stack.end());
   call.stack.insert(call.stack.end(), results.begin(), results.end());
@@ -261,7 +274,8 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     call.results_to_device(device);
     return;
   }
-  PlanLookup lookup = plan_results(op, call.arguments(), device);
+  const bool capturing = checked([&] { return ffi::is_current_stream_capturing(device.index()); });
+  PlanLookup lookup = plan_results(op, call.arguments(), device, /*accept_unchecked=*/capturing);
   if (lookup.planned) {
     queue_with_planned_results(call, device, *lookup.planned);
     return;

@@ -173,12 +173,10 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     checked([&] { ffi::synchronize_stream(stream.device_index(), stream.id()); });
   }
 
-  // No stream captures until graph capture exists; the stream is still
-  // validated so a bad stream is reported rather than answered.
+  // Whether the stream records into a graph capture (src/graph.rs).
   bool isStreamCapturing(const c10::Stream& stream) const override {
     check_stream_type(stream, "isStreamCapturing");
-    checked([&] { ffi::check_stream(stream.device_index(), stream.id()); });
-    return false;
+    return checked([&] { return ffi::is_stream_capturing(stream.device_index(), stream.id()); });
   }
 
   // Tells the caching allocator that `data_ptr` is used on `stream` too, so

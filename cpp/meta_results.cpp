@@ -315,11 +315,13 @@ class PlanCache {
  public:
   enum class State : uint8_t { Unchecked, Usable, Unusable };
 
-  // A checked plan, or nullopt; `to_check` gets a plan that needs checking.
+  // A checked plan, or nullopt; `to_check` gets a plan that needs checking
+  // (with `accept_unchecked`, that plan is returned instead).
   std::optional<Plan> find(
       const c10::OperatorHandle& op,
       c10::ArrayRef<c10::IValue> arguments,
-      std::shared_ptr<PlanToCheck>& to_check) {
+      std::shared_ptr<PlanToCheck>& to_check,
+      bool accept_unchecked) {
     if (!is_plannable(op)) {
       return std::nullopt;
     }
@@ -331,7 +333,8 @@ class PlanCache {
       std::lock_guard<std::mutex> lock(mutex_);
       auto found = plans_.find(key);
       if (found != plans_.end()) {
-        if (found->second.second == State::Usable) {
+        if (found->second.second == State::Usable ||
+            (accept_unchecked && found->second.second == State::Unchecked)) {
           return found->second.first;
         }
         if (found->second.second == State::Unchecked) {
@@ -349,6 +352,10 @@ class PlanCache {
       to_check = std::make_shared<PlanToCheck>(PlanToCheck{key, *planned});
     }
     plans_.emplace(std::move(key), std::make_pair(planned.value_or(Plan()), planned ? State::Unchecked : State::Unusable));
+    if (planned && accept_unchecked) {
+      to_check = nullptr;
+      return planned;
+    }
     return std::nullopt;
   }
 
@@ -422,7 +429,11 @@ at::Tensor materialize(const PlannedTensor& planned, const std::vector<at::Tenso
 
 } // namespace
 
-PlanLookup plan_results(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, c10::Device device) {
+PlanLookup plan_results(
+    const c10::OperatorHandle& op,
+    c10::ArrayRef<c10::IValue> arguments,
+    c10::Device device,
+    bool accept_unchecked) {
   PlanLookup lookup;
   const std::vector<at::Tensor> tensors = openreg_tensors(arguments);
   // Ops that reach the fallback with lazily conjugated or negated operands
@@ -434,7 +445,7 @@ PlanLookup plan_results(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
       return lookup;
     }
   }
-  std::optional<Plan> plan = plan_cache().find(op, arguments, lookup.to_check);
+  std::optional<Plan> plan = plan_cache().find(op, arguments, lookup.to_check, accept_unchecked);
   if (!plan) {
     return lookup;
   }

@@ -47,10 +47,15 @@ struct PlanLookup {
 };
 
 // The results of calling `op` on `arguments` (its arguments as on the stack)
-// on `device`, if a checked plan knows them. New memory is allocated on the
-// current stream (stream-ordered), and resized arguments grow in stream
-// order (Note [One door] in device_memory.h).
-PlanLookup plan_results(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, c10::Device device);
+// on `device`, if a checked plan knows them (or, with `accept_unchecked`, a
+// plan not checked yet). New memory is allocated on the current stream
+// (stream-ordered), and resized arguments grow in stream order (Note [One
+// door] in device_memory.h).
+PlanLookup plan_results(
+    const c10::OperatorHandle& op,
+    c10::ArrayRef<c10::IValue> arguments,
+    c10::Device device,
+    bool accept_unchecked = false);
 
 // Trusts `check`'s plan from now on if the op's openreg `results`, computed
 // by running it, have the planned dtypes and shapes; else never uses it.

@@ -148,7 +148,9 @@ at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
   c10::DeviceGuard guard(self.device());
   const c10::DeviceIndex device = self.device().index();
   if (!run_inline(device, self.numel(), [&] { cpu_view(self).fill_(value); })) {
-    queue_kernel(device, [self = kernel_operand(self), value] { self.fill_(value); }, ffi::LaunchMode::Queue);
+    queue_kernel(
+        device, [self = kernel_operand(self), value] { self.fill_(value); }, ffi::LaunchMode::Queue,
+        KernelInfo("aten::fill_", {}, {self}));
   }
   return self;
 }
@@ -186,7 +188,8 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
       // The operands keep the conjugate and negative bits (cpu_view): the CPU
       // copy_ resolves them (a lazily conjugated source is copied conjugated).
       [src = kernel_operand(src), dst = kernel_operand(dst)] { dst.copy_(src); },
-      asynchronous ? launch_mode_for(src.numel()) : ffi::LaunchMode::Wait);
+      asynchronous ? launch_mode_for(src.numel()) : ffi::LaunchMode::Wait,
+      KernelInfo("aten::copy_", {src}, {dst}));
   if (cross_device) {
     checked([&] { ffi::stream_wait_stream(dst.device().index(), device); });
   }

@@ -70,7 +70,8 @@ at::Tensor& generate(at::Tensor& self, const ffi::RandomFill& fill, const Gen& g
           self.copy_(buffer.view(self.sizes()));
         }
       },
-      launch_mode_for(numel));
+      launch_mode_for(numel),
+      KernelInfo("random fill", {}, {self}));
   return self;
 }
 
@@ -142,7 +143,8 @@ at::Tensor& bernoulli_tensor(at::Tensor& self, const at::Tensor& p, Gen gen) {
       [self = kernel_operand(self), u = kernel_operand(u), p = kernel_operand(p)]() mutable {
         at::lt_out(self, u, p);
       },
-      launch_mode_for(self.numel()));
+      launch_mode_for(self.numel()),
+      KernelInfo("aten::bernoulli_", {u, p}, {self}));
   return self;
 }
 
@@ -207,7 +209,8 @@ at::Tensor& randperm_out(int64_t n, Gen gen, at::Tensor& out) {
   TORCH_CHECK(out.is_privateuseone(), "randperm: expected an openreg out tensor, got one on ", out.device());
   c10::DeviceGuard guard(out.device());
   out.resize_({n});
-  const ffi::RandomSlice slice = ffi::reserve_randperm(generator_state(gen, out.device()), static_cast<uint64_t>(n));
+  const ffi::RandomSlice slice =
+      checked([&] { return ffi::reserve_randperm(generator_state(gen, out.device()), static_cast<uint64_t>(n)); });
   if (n == 0) {
     return out;
   }
@@ -221,7 +224,8 @@ at::Tensor& randperm_out(int64_t n, Gen gen, at::Tensor& out) {
           out.copy_(buffer);
         }
       },
-      ffi::LaunchMode::Queue); // serial: never on the caller's thread
+      ffi::LaunchMode::Queue, // serial: never on the caller's thread
+      KernelInfo("aten::randperm", {}, {out}));
   return out;
 }
 

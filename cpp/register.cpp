@@ -24,6 +24,7 @@ void register_backend() {
   register_allocators();
   register_ops();
   register_autocast();
+  register_graphs();
   registered.store(true);
 }
 

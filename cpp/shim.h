@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "rust/cxx.h"
 
@@ -16,12 +17,24 @@ void emit_warning(::rust::Str message) noexcept;
 void register_backend();
 bool backend_registered() noexcept;
 
-// A C++ closure queued on a stream; the stream's worker runs it once.
+// A range of memory a kernel reads or writes.
+struct KernelBuffer {
+  uintptr_t address = 0;
+  size_t bytes = 0;
+  bool written = false;
+};
+
+// A C++ closure queued on a stream; the stream's worker runs it once, or
+// once per replay when a graph captured it (so it must not consume what it
+// captured). `name` and `buffers` describe it for a graph's debug dump.
 struct Kernel {
   std::function<void()> body;
+  const char* name = "kernel";
+  std::vector<KernelBuffer> buffers;
 };
 
 void run_kernel(Kernel& kernel);
+::rust::String describe_kernel(const Kernel& kernel);
 
 } // namespace openreg::ffi
 

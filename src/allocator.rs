@@ -24,6 +24,18 @@
 //! freed, and is unmapped only once the stream has passed that point:
 //! `empty_cache` and the out-of-memory retry wait for it with the lock
 //! released, and `release_cached_segments` skips a segment short of it.
+//!
+//! Note [Graph pools]: a graph's private pool (src/graph.rs) is one more
+//! owner of free blocks beside the streams. While a stream captures, its
+//! allocations come from the capture's pool: segments mapped for that pool
+//! and blocks freed into it, never from a stream's free list, and a block
+//! of the pool, freed, returns to the pool. So memory a captured kernel
+//! uses is never handed to eager work while the graph lives, and replays
+//! (which run the recorded work in recorded order) find their buffers
+//! where the capture left them. A pool lives while a graph uses it (graphs
+//! may share one, `retain_pool`); once released, its free segments are
+//! unmapped like any cached segment, and blocks still allocated from it
+//! (a graph's outputs the user kept) free into it and go the same way.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -151,6 +163,9 @@ struct Block {
     /// The size of the segment: a block smaller than it is a split block.
     segment_size: usize,
     stream: &'static StreamQueue,
+    /// The free list the block returns to: its stream's, or a graph pool's
+    /// (`owner_key`, Note [Graph pools]).
+    owner: usize,
     pool: Pool,
     state: BlockState,
     /// Neighbours within the segment, by address.
@@ -177,6 +192,8 @@ struct Segment {
     size: usize,
     pool: Pool,
     stream: &'static StreamQueue,
+    /// `stream`'s key, or the graph pool's the segment was mapped for.
+    owner: usize,
     /// The block at the segment's base: it stays the first block through
     /// every split and merge.
     first: BlockId,
@@ -192,12 +209,34 @@ struct PendingFree {
     markers: Vec<(&'static StreamQueue, u64)>,
 }
 
-/// A free-list key: stream identity, then best fit by size, then address;
-/// last the block itself.
+/// A free-list key: owner (stream or graph pool), then best fit by size,
+/// then address; last the block itself.
 type FreeKey = (usize, usize, usize, BlockId);
 
+/// A stream's owner key: its address (even, being aligned).
 fn stream_key(stream: &'static StreamQueue) -> usize {
     stream as *const StreamQueue as usize
+}
+
+/// The owner key of the graph pool numbered `index`: odd, so it never
+/// equals a stream's.
+fn graph_pool_key(index: usize) -> usize {
+    index << 1 | 1
+}
+
+/// The owner an allocation for work on `stream` comes from: the pool of
+/// the capture it records into, else the stream itself.
+fn owner_key(stream: &'static StreamQueue) -> usize {
+    match stream.capture_pool() {
+        0 => stream_key(stream),
+        pool => pool,
+    }
+}
+
+/// A graph pool's owner key and how many graphs use it.
+struct GraphPool {
+    key: usize,
+    users: usize,
 }
 
 /// Hashes block addresses (distinct multiples of 512) with one multiply:
@@ -238,6 +277,9 @@ struct State {
     stats: DeviceStats,
     /// Recent events, while memory history records (Note [Memory history]).
     trace: Trace,
+    /// Live graph pools (Note [Graph pools]); `pools_made` numbers them.
+    graph_pools: HashMap<crate::graph::MempoolId, GraphPool>,
+    pools_made: usize,
 }
 
 /// Why an allocation failed: the C++ side raises `torch.OutOfMemoryError`
@@ -310,7 +352,7 @@ impl State {
 
     fn free_key(&self, id: BlockId) -> FreeKey {
         let block = self.block(id);
-        (stream_key(block.stream), block.size, block.ptr, id)
+        (block.owner, block.size, block.ptr, id)
     }
 
     fn add_free(&mut self, id: BlockId) {
@@ -394,12 +436,17 @@ impl State {
         }
     }
 
-    /// Segments that are entirely one free block.
+    /// Segments that are entirely one free block, except those of a live
+    /// graph pool (whose replays use blocks freed during capture).
     fn cached_segments(&self) -> impl Iterator<Item = (&usize, &Segment)> {
         self.segments.iter().filter(|(_, seg)| {
             let first = self.block(seg.first);
-            first.state == BlockState::Free && first.size == seg.size
+            first.state == BlockState::Free && first.size == seg.size && !self.is_live_pool(seg.owner)
         })
+    }
+
+    fn is_live_pool(&self, owner: usize) -> bool {
+        owner & 1 == 1 && self.graph_pools.values().any(|p| p.key == owner)
     }
 
     /// The stream points to wait for before the cache can be released:
@@ -412,10 +459,10 @@ impl State {
 
     /// Unmaps every cached segment that no queued kernel can still touch
     /// (Note [Stream-ordered memory]).
-    fn release_cached_segments(&mut self) {
+    fn release_cached_segments(&mut self, which: impl Fn(&Segment) -> bool) {
         let whole: Vec<usize> = self
             .cached_segments()
-            .filter(|(_, seg)| seg.stream.has_completed(seg.last_free))
+            .filter(|(_, seg)| which(seg) && seg.stream.has_completed(seg.last_free))
             .map(|(base, _)| *base)
             .collect();
         for base in whole {
@@ -441,8 +488,7 @@ impl State {
         self.stats.reserved_bytes.all().current as usize
     }
 
-    fn best_fit(&self, pool: Pool, stream: &'static StreamQueue, size: usize) -> Option<BlockId> {
-        let key = stream_key(stream);
+    fn best_fit(&self, pool: Pool, key: usize, size: usize) -> Option<BlockId> {
         self.free[pool as usize]
             .range((key, size, 0, 0)..)
             .next()
@@ -450,7 +496,7 @@ impl State {
             .map(|(_, _, _, id)| *id)
     }
 
-    fn map_segment(&mut self, size: usize, pool: Pool, stream: &'static StreamQueue, frames: &Frames) -> Result<BlockId> {
+    fn map_segment(&mut self, size: usize, pool: Pool, stream: &'static StreamQueue, owner: usize, frames: &Frames) -> Result<BlockId> {
         let base = memory::map(size)?;
         self.note(TraceEntry::new(Action::SegmentAlloc, base, size, stream.id(), frames.clone()));
         let first = self.new_block(Block {
@@ -460,6 +506,7 @@ impl State {
             segment: base,
             segment_size: size,
             stream,
+            owner,
             pool,
             state: BlockState::Free,
             prev: None,
@@ -467,7 +514,7 @@ impl State {
             uses: Vec::new(),
             frames: None,
         });
-        self.segments.insert(base, Segment { size, pool, stream, first, last_free: 0 });
+        self.segments.insert(base, Segment { size, pool, stream, owner, first, last_free: 0 });
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, size);
         self.stats.num_device_alloc += 1;
@@ -505,19 +552,20 @@ impl DeviceAllocator {
         }
         let rounded = round_size(size);
         let pool = pool_of(rounded);
+        let owner = owner_key(stream);
         st.process_pending();
-        let id = match st.best_fit(pool, stream, rounded) {
+        let id = match st.best_fit(pool, owner, rounded) {
             Some(id) => id,
-            None => self.grow(&mut st, rounded, size, pool, stream, &frames)?,
+            None => self.grow(&mut st, rounded, size, pool, stream, owner, &frames)?,
         };
 
         st.remove_free(id);
         let (ptr, remaining) = (st.block(id).ptr, st.block(id).size - rounded);
         if should_split(pool, remaining) {
-            let (segment, segment_size, next) = {
+            let (segment, segment_size, next, block_stream) = {
                 let b = st.block_mut(id);
                 b.size = rounded;
-                (b.segment, b.segment_size, b.next)
+                (b.segment, b.segment_size, b.next, b.stream)
             };
             let rest = st.new_block(Block {
                 ptr: ptr + rounded,
@@ -525,7 +573,8 @@ impl DeviceAllocator {
                 requested: 0,
                 segment,
                 segment_size,
-                stream,
+                stream: block_stream,
+                owner,
                 pool,
                 state: BlockState::Free,
                 prev: Some(id),
@@ -564,6 +613,7 @@ impl DeviceAllocator {
         requested: usize,
         pool: Pool,
         stream: &'static StreamQueue,
+        owner: usize,
         frames: &Frames,
     ) -> std::result::Result<BlockId, AllocError> {
         let seg = segment_size(rounded);
@@ -575,15 +625,15 @@ impl DeviceAllocator {
                 st.stats.num_sync_all_streams += 1;
             }
             st.process_pending();
-            if let Some(id) = st.best_fit(pool, stream, rounded) {
+            if let Some(id) = st.best_fit(pool, owner, rounded) {
                 return Ok(id);
             }
-            st.release_cached_segments();
+            st.release_cached_segments(|_| true);
         }
         if st.reserved() + seg > limit {
             return Err(self.out_of_memory(st, requested, limit, stream, frames.clone()));
         }
-        st.map_segment(seg, pool, stream, frames).map_err(|error| AllocError { error, out_of_memory: false })
+        st.map_segment(seg, pool, stream, owner, frames).map_err(|error| AllocError { error, out_of_memory: false })
     }
 
     /// Counts and records an allocation of `requested` bytes that does not fit.
@@ -680,7 +730,39 @@ impl DeviceAllocator {
         let waits = st.release_waits();
         wait_unlocked(&mut st, waits);
         st.process_pending();
-        st.release_cached_segments();
+        st.release_cached_segments(|_| true);
+    }
+
+    /// One more graph uses the pool `id` (created on first use); returns
+    /// its owner key (Note [Graph pools]).
+    pub fn retain_pool(&self, id: crate::graph::MempoolId) -> usize {
+        let mut st = self.state.lock();
+        if let Some(pool) = st.graph_pools.get_mut(&id) {
+            pool.users += 1;
+            return pool.key;
+        }
+        st.pools_made += 1;
+        let key = graph_pool_key(st.pools_made);
+        st.graph_pools.insert(id, GraphPool { key, users: 1 });
+        key
+    }
+
+    /// One graph less uses the pool `id`; the last one releases it: its
+    /// cached segments are unmapped now if no queued kernel can touch them
+    /// (else by the next `empty_cache`), and its blocks still allocated are
+    /// cached like any other once freed. Never waits: it may run on a
+    /// stream's worker (dropping a graph's last launch).
+    pub fn release_pool(&self, id: crate::graph::MempoolId) {
+        let mut st = self.state.lock();
+        let Some(pool) = st.graph_pools.get_mut(&id) else {
+            return;
+        };
+        pool.users -= 1;
+        if pool.users == 0 {
+            let key = pool.key;
+            st.graph_pools.remove(&id);
+            st.release_cached_segments(|seg| seg.owner == key);
+        }
     }
 
     pub fn stats(&self) -> DeviceStats {

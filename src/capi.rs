@@ -107,7 +107,9 @@ pub extern "C" fn orSetDevice(device: c_int) -> OrError {
 #[no_mangle]
 pub extern "C" fn orDeviceSynchronize() -> OrError {
     guarded(|| {
-        crate::sync_debug::check("device synchronize (torch.openreg.synchronize)")?;
+        let what = "device synchronize (orDeviceSynchronize)";
+        crate::graph::check_host_sync(what, None)?;
+        crate::sync_debug::check(what)?;
         device::synchronize_device(device::current_device().into())
     })
 }
@@ -223,7 +225,7 @@ pub extern "C" fn orStreamGetPriority(stream: *const c_void, priority: *mut c_in
 /// `orSuccess` if all work on the stream has finished, else `orErrorNotReady`.
 #[no_mangle]
 pub extern "C" fn orStreamQuery(stream: *const c_void) -> OrError {
-    guarded(|| match stream_arg(stream)?.query() {
+    guarded(|| match stream_arg(stream).and_then(|s| crate::graph::check_not_capturing(s, "orStreamQuery").map(|_| s))?.query() {
         true => Ok(()),
         false => Err(Error::new(ErrorKind::NotReady, "the stream has unfinished work")),
     })
@@ -233,7 +235,9 @@ pub extern "C" fn orStreamQuery(stream: *const c_void) -> OrError {
 pub extern "C" fn orStreamSynchronize(stream: *const c_void) -> OrError {
     guarded(|| {
         let stream = stream_arg(stream)?;
-        crate::sync_debug::check(&format!("Stream.synchronize() of {stream}"))?;
+        let what = format!("Stream.synchronize() of {stream}");
+        crate::graph::check_host_sync(&what, Some(stream))?;
+        crate::sync_debug::check(&what)?;
         stream.synchronize()
     })
 }
@@ -241,24 +245,29 @@ pub extern "C" fn orStreamSynchronize(stream: *const c_void) -> OrError {
 /// A host callback queued on a stream, like `cudaLaunchHostFunc`.
 pub type HostFn = extern "C" fn(user_data: *mut c_void);
 
+#[derive(Clone, Copy)]
 struct SendPtr(*mut c_void);
 // SAFETY: the pointer is the caller's opaque user data, handed back to the
 // caller's own function; like cudaLaunchHostFunc, the caller is responsible
 // for it being usable from the stream's worker thread.
 unsafe impl Send for SendPtr {}
 
-/// Runs `func(user_data)` on the stream's worker, in stream order.
+/// Runs `func(user_data)` on the stream's worker, in stream order (once per
+/// replay when the stream is capturing a graph).
 #[no_mangle]
 pub extern "C" fn orLaunchHostFunc(stream: *const c_void, func: Option<HostFn>, user_data: *mut c_void) -> OrError {
     guarded(|| {
         let s = stream_arg(stream)?;
         let func = func.ok_or_else(|| Error::invalid_value("orLaunchHostFunc: the host function is null"))?;
         let data = SendPtr(user_data);
-        s.submit(Task::Run(Box::new(move || {
-            let data = data;
-            func(data.0);
-            Ok(())
-        })))
+        s.submit_described(
+            Task::Run(Box::new(move || {
+                let data = data;
+                func(data.0);
+                Ok(())
+            })),
+            || "host function".to_string(),
+        )
         .map(drop)
     })
 }
@@ -311,7 +320,7 @@ pub extern "C" fn orEventRecord(event: *const c_void, stream: *const c_void) -> 
 /// recorded), else `orErrorNotReady`.
 #[no_mangle]
 pub extern "C" fn orEventQuery(event: *const c_void) -> OrError {
-    guarded(|| match event_arg(event)?.query() {
+    guarded(|| match event_arg(event)?.query()? {
         true => Ok(()),
         false => Err(Error::new(ErrorKind::NotReady, "the event has not completed")),
     })
@@ -321,7 +330,6 @@ pub extern "C" fn orEventQuery(event: *const c_void) -> OrError {
 pub extern "C" fn orEventSynchronize(event: *const c_void) -> OrError {
     guarded(|| {
         let event = event_arg(event)?;
-        crate::sync_debug::check("Event.synchronize()")?;
         event.synchronize()
     })
 }

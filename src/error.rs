@@ -17,6 +17,9 @@ pub enum ErrorKind {
     BadFork = 5,
     NoDevice = 6,
     OutOfMemory = 7,
+    /// Not permitted during graph capture, or a capture that failed
+    /// (`cudaErrorStreamCapture*`).
+    StreamCapture = 8,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,6 +10,13 @@
 //! only on streams of its own device (as `cudaEventRecord` requires), but
 //! streams of any device may wait on it (as `cudaStreamWaitEvent` allows).
 //! No cycle of waits can form: a wait only refers to work submitted before it.
+//!
+//! An event recorded on a capturing stream marks a node of the capture
+//! instead (Note [Graph capture] in graph.rs): a stream that waits for it
+//! joins the capture, and the host can neither query nor synchronize it
+//! while the capture lasts (its work runs only at replay). Once the capture
+//! has ended such a record orders nothing outside the graph: the event is
+//! complete, as if never recorded.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,6 +26,7 @@ use parking_lot::Mutex;
 
 use crate::device::{self, DeviceIndex};
 use crate::error::{Error, ErrorKind, Result};
+use crate::graph::{capture_of, Capture};
 use crate::stream::{StreamQueue, Task};
 
 /// Reference point for timestamps, so elapsed times are plain subtractions.
@@ -28,6 +36,22 @@ struct Recorded {
     version: u64,
     stream: &'static StreamQueue,
     seq: u64,
+    /// Recorded inside a capture: the capture and the event's node.
+    captured: Option<(Arc<Capture>, usize)>,
+}
+
+impl Recorded {
+    /// The capture the event was recorded in, while that capture lasts.
+    fn active_capture(&self) -> Option<&(Arc<Capture>, usize)> {
+        self.captured.as_ref().filter(|(capture, _)| capture_of(self.stream).is_some_and(|c| Arc::ptr_eq(&c, capture)))
+    }
+}
+
+/// What a waiter must wait for: a point of a stream, or a node of an
+/// active capture.
+enum Target {
+    Point(&'static StreamQueue, u64),
+    Captured(Arc<Capture>, usize),
 }
 
 #[derive(Default)]
@@ -72,10 +96,15 @@ impl Event {
         }
         let mut st = self.state.lock();
         let version = st.recorded.as_ref().map_or(1, |r| r.version + 1);
+        if let Some(capture) = capture_of(stream) {
+            let node = capture.record_event(stream);
+            st.recorded = Some(Recorded { version, stream, seq: stream.marker(), captured: Some((capture, node)) });
+            return Ok(());
+        }
         let timestamp = self.timing.then(|| (Arc::clone(self), version));
         // Lock order: event, then stream (`mark` locks the stream).
         let (seq, reached_at) = stream.mark(timestamp)?;
-        st.recorded = Some(Recorded { version, stream, seq });
+        st.recorded = Some(Recorded { version, stream, seq, captured: None });
         if let Some(at) = reached_at {
             st.stamped = Some((version, at));
         }
@@ -88,29 +117,61 @@ impl Event {
     /// the event's device (pipeline parallelism's `wait_stream` across
     /// devices). Recording, by contrast, needs a stream of the event's device.
     pub fn block(&self, stream: &'static StreamQueue) -> Result<()> {
-        let target = self.state.lock().recorded.as_ref().map(|r| (r.stream, r.seq));
-        match target {
+        match self.target() {
+            Some(Target::Captured(capture, node)) => capture.wait_event(stream, node),
             // Nothing to wait for when the stream passes its own marker in
             // order, or when the marked point has already been reached.
-            Some((source, seq)) if !std::ptr::eq(source, stream) && !source.has_completed(seq) => {
+            Some(Target::Point(source, seq)) if !std::ptr::eq(source, stream) && !source.has_completed(seq) => {
                 stream.submit(Task::WaitFor { stream: source, seq }).map(drop)
             }
             _ => Ok(()),
         }
     }
 
-    /// True if never recorded, or if the current version has completed.
-    pub fn query(&self) -> bool {
-        let target = self.state.lock().recorded.as_ref().map(|r| (r.stream, r.seq));
-        target.is_none_or(|(stream, seq)| stream.has_completed(seq))
+    /// The current version's target; None if never recorded, or recorded
+    /// in a capture that has ended.
+    fn target(&self) -> Option<Target> {
+        let st = self.state.lock();
+        let recorded = st.recorded.as_ref()?;
+        match (&recorded.captured, recorded.active_capture()) {
+            (_, Some((capture, node))) => Some(Target::Captured(Arc::clone(capture), *node)),
+            (Some(_), None) => None,
+            (None, _) => Some(Target::Point(recorded.stream, recorded.seq)),
+        }
     }
 
-    /// Waits until the current version has completed.
+    /// Fails for an event recorded in an active capture: its work runs
+    /// only at replay, so no host wait for it can end.
+    fn check_not_captured(&self, what: &str) -> Result<()> {
+        match self.target() {
+            Some(Target::Captured(capture, _)) => Err(capture.invalidate(format!(
+                "{what} of an event recorded inside a graph capture is not allowed while the capture lasts                  (the captured work runs only at replay)"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// True if never recorded, or if the current version has completed.
+    pub fn query(&self) -> Result<bool> {
+        self.check_not_captured("Event.query()")?;
+        Ok(match self.target() {
+            Some(Target::Point(stream, seq)) => stream.has_completed(seq),
+            _ => true,
+        })
+    }
+
+    /// Waits until the current version has completed, after the
+    /// host-synchronization checks (Note [Capture modes], Note [Sync debug]).
     pub fn synchronize(&self) -> Result<()> {
-        let target = self.state.lock().recorded.as_ref().map(|r| (r.stream, r.seq));
-        match target {
-            Some((stream, seq)) => stream.wait_for(seq, false),
-            None => Ok(()),
+        let what = "Event.synchronize()";
+        self.check_not_captured(what)?;
+        match self.target() {
+            Some(Target::Point(stream, seq)) => {
+                crate::graph::check_host_sync(what, Some(stream))?;
+                crate::sync_debug::check(what)?;
+                stream.wait_for(seq, false)
+            }
+            _ => crate::sync_debug::check(what),
         }
     }
 

@@ -8,6 +8,8 @@
 //! `(device, id)` values (see Note [StreamId assignment]); generators as an
 //! opaque Rust `Generator` the shim holds in a `rust::Box`.
 
+use std::sync::Arc;
+
 use crate::allocator;
 use crate::device;
 use crate::error::Result;
@@ -109,10 +111,20 @@ mod bridge {
         range: u64,
     }
 
-    /// The draws reserved for one kernel (Note [Philox offsets]).
+    /// A memory pool id, `c10::MempoolId_t`.
+    struct PoolId {
+        first: u64,
+        second: u64,
+    }
+
+    /// The draws reserved for one kernel (Note [Philox offsets]). A kernel
+    /// captured in a graph has `replay` set: the address of the graph's
+    /// cell for the generator, and `base` relative to what the cell holds
+    /// at each replay (Note [Graph-safe random numbers] in graph.rs).
     struct RandomSlice {
         seed: u64,
         base: u64,
+        replay: usize,
     }
 
     // Rust functions the C++ shim calls.
@@ -206,12 +218,31 @@ mod bridge {
         fn set_generator_state(g: &Generator, state: &[u8]) -> Result<()>;
         /// Validates `fill` and reserves the draws of `numel` values.
         fn reserve_random(g: &Generator, fill: &RandomFill, numel: u64) -> Result<RandomSlice>;
-        fn reserve_randperm(g: &Generator, n: u64) -> RandomSlice;
+        fn reserve_randperm(g: &Generator, n: u64) -> Result<RandomSlice>;
         /// Writes `numel` values of `fill` at `data` (threads: see
         /// `generator::fill_threads`).
         unsafe fn random_fill(data: usize, numel: usize, fill: &RandomFill, slice: RandomSlice) -> Result<()>;
         /// Writes a random permutation of `0..n` as int64 at `data`.
         unsafe fn random_permutation(data: usize, n: usize, slice: RandomSlice);
+
+        // Graph capture and replay (src/graph.rs), for at::GraphImplInterface.
+        type Graph;
+        fn new_graph(keep_graph: bool) -> Box<Graph>;
+        /// Captures the current stream of the current device; `mode` is an
+        /// `at::GraphCaptureMode` (0 default, 1 global, 2 thread_local, 3 relaxed).
+        fn graph_capture_begin(g: &Graph, pool: PoolId, mode: i8) -> Result<()>;
+        fn graph_capture_end(g: &Graph) -> Result<()>;
+        fn graph_instantiate(g: &Graph) -> Result<()>;
+        fn graph_replay(g: &Graph) -> Result<()>;
+        fn graph_reset(g: &Graph) -> Result<()>;
+        fn graph_pool(g: &Graph) -> PoolId;
+        fn graph_enable_debug_mode(g: &Graph);
+        /// The captured graph as Graphviz DOT (debug mode only).
+        fn graph_debug_dot(g: &Graph) -> Result<String>;
+        /// Whether the stream `(device, id)` is capturing a graph.
+        fn is_stream_capturing(device: i8, id: i64) -> Result<bool>;
+        /// Whether the current stream of `device` is capturing a graph.
+        fn is_current_stream_capturing(device: i8) -> Result<bool>;
     }
 
     // C++ functions the Rust side calls.
@@ -224,9 +255,12 @@ mod bridge {
         fn register_backend() -> Result<()>;
         fn backend_registered() -> bool;
 
-        /// A C++ closure that runs on a stream's worker.
+        /// A C++ closure that runs on a stream's worker (again on each
+        /// replay, when a graph captured it).
         type Kernel;
         fn run_kernel(kernel: Pin<&mut Kernel>) -> Result<()>;
+        /// What `kernel` is and touches, for a graph's debug dump.
+        fn describe_kernel(kernel: &Kernel) -> String;
     }
 }
 
@@ -237,8 +271,10 @@ unsafe impl Send for bridge::Kernel {}
 
 pub use bridge::{backend_registered, emit_warning, register_backend};
 use bridge::{
-    Allocation, DeviceStatsFfi, Kernel, LaunchMode, MemoryInfo, RandomElement, RandomFill, RandomKind, RandomSlice, StatArrayFfi, StatFfi,
+    Allocation, DeviceStatsFfi, Kernel, LaunchMode, MemoryInfo, PoolId, RandomElement, RandomFill, RandomKind, RandomSlice,
+    StatArrayFfi, StatFfi,
 };
+use crate::graph::{CaptureMode, Graph};
 
 // Note [Guard hot path]: a c10::DeviceGuard costs an exchange and a restore
 // of the current device. These three run as plain C functions rather than
@@ -298,11 +334,16 @@ fn is_initialized() -> bool {
 }
 
 fn synchronize_device(index: i8) -> Result<()> {
-    crate::sync_debug::check("device synchronize (torch.openreg.synchronize)")?;
+    let what = "device synchronize (torch.openreg.synchronize)";
+    crate::graph::check_host_sync(what, None)?;
+    crate::sync_debug::check(what)?;
     device::synchronize_device(device::resolve(index.into()))
 }
 
+/// A host-blocking operation of the shim on the current stream of the
+/// current device (Note [Capture modes], Note [Sync debug]).
 fn check_host_sync(what: &str) -> Result<()> {
+    crate::graph::check_host_sync(what, Some(stream::current(-1)?))?;
     crate::sync_debug::check(what)
 }
 
@@ -341,12 +382,16 @@ fn stream_native_handle(device: i8, id: i64) -> Result<usize> {
 }
 
 fn query_stream(device: i8, id: i64) -> Result<bool> {
-    Ok(stream::lookup(device.into(), id)?.query())
+    let stream = stream::lookup(device.into(), id)?;
+    crate::graph::check_not_capturing(stream, "Stream.query()")?;
+    Ok(stream.query())
 }
 
 fn synchronize_stream(device: i8, id: i64) -> Result<()> {
     let stream = stream::lookup(device.into(), id)?;
-    crate::sync_debug::check(&format!("Stream.synchronize() of {stream}"))?;
+    let what = format!("Stream.synchronize() of {stream}");
+    crate::graph::check_host_sync(&what, Some(stream))?;
+    crate::sync_debug::check(&what)?;
     stream.synchronize()
 }
 
@@ -377,7 +422,7 @@ fn query_event(event: usize) -> Result<bool> {
     if event == 0 {
         return Ok(true);
     }
-    Ok(handle::get(event)?.query())
+    handle::get(event)?.query()
 }
 
 fn synchronize_event(event: usize) -> Result<()> {
@@ -385,7 +430,6 @@ fn synchronize_event(event: usize) -> Result<()> {
         return Ok(());
     }
     let event = handle::get(event)?;
-    crate::sync_debug::check("Event.synchronize()")?;
     event.synchronize()
 }
 
@@ -529,17 +573,27 @@ fn end_inline_kernel(device: i8) {
 
 fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMode) -> Result<()> {
     let stream = stream::current(device.into())?;
+    if mode == LaunchMode::Wait {
+        // The caller needs the result on the host now (Note [Capture modes]).
+        crate::graph::check_not_capturing(stream, "a kernel the host waits for")?;
+    }
+    // Only a capturing stream asks, for its debug dump.
+    let label = if stream.capture_pool() != 0 {
+        bridge::describe_kernel(kernel.as_ref().expect("a launched kernel is never null"))
+    } else {
+        String::new()
+    };
     let task = stream::Task::Run(Box::new(move || {
         let kernel = kernel.as_mut().expect("a launched kernel is never null");
         bridge::run_kernel(kernel).map_err(|e| crate::error::Error::invalid_value(e.what().to_string()))
     }));
     match mode {
-        LaunchMode::InlineIfIdle => stream.run_inline_or_submit(task),
         LaunchMode::Wait => {
             let seq = stream.submit(task)?;
             stream.wait_for(seq, true)
         }
-        _ => stream.submit(task).map(drop),
+        LaunchMode::InlineIfIdle if label.is_empty() => stream.run_inline_or_submit(task),
+        _ => stream.submit_described(task, move || label).map(drop),
     }
 }
 
@@ -617,13 +671,33 @@ fn distribution(fill: &RandomFill) -> Result<(Distribution, Element)> {
 
 fn reserve_random(g: &Generator, fill: &RandomFill, numel: u64) -> Result<RandomSlice> {
     let (dist, element) = distribution(fill)?;
-    let slice = g.reserve(dist.draws(element, numel));
-    Ok(RandomSlice { seed: slice.seed, base: slice.base })
+    reserve(g, dist.draws(element, numel))
 }
 
-fn reserve_randperm(g: &Generator, n: u64) -> RandomSlice {
-    let slice = g.reserve(generator::randperm_draws(n));
-    RandomSlice { seed: slice.seed, base: slice.base }
+fn reserve_randperm(g: &Generator, n: u64) -> Result<RandomSlice> {
+    reserve(g, generator::randperm_draws(n))
+}
+
+/// `draws` draws of `g` for a kernel launched on the current stream of
+/// the current device: from the generator now, or from a graph's replay
+/// base if that stream is capturing.
+fn reserve(g: &Generator, draws: u64) -> Result<RandomSlice> {
+    if let Some((relative, cell)) = crate::graph::reserve_random_in_capture(g, draws)? {
+        return Ok(RandomSlice { seed: 0, base: relative, replay: Arc::as_ptr(&cell) as usize });
+    }
+    let slice = g.reserve(draws);
+    Ok(RandomSlice { seed: slice.seed, base: slice.base, replay: 0 })
+}
+
+/// Where a kernel with `slice` draws from now.
+fn philox_slice(slice: &RandomSlice) -> generator::PhiloxSlice {
+    if slice.replay == 0 {
+        return generator::PhiloxSlice { seed: slice.seed, base: slice.base };
+    }
+    // SAFETY: `replay` is the address of a cell of the graph whose node
+    // runs this kernel; the graph owns the cell and outlives its nodes' runs.
+    let cell = unsafe { &*(slice.replay as *const crate::graph::RandomCell) };
+    cell.resolve(slice.base)
 }
 
 /// # Safety
@@ -634,7 +708,7 @@ unsafe fn random_fill(data: usize, numel: usize, fill: &RandomFill, slice: Rando
     if numel == 0 {
         return Ok(()); // `data` may be null
     }
-    let slice = generator::PhiloxSlice { seed: slice.seed, base: slice.base };
+    let slice = philox_slice(&slice);
     let threads = generator::fill_threads(numel);
     // SAFETY (all three): per this function's contract.
     match element {
@@ -653,5 +727,57 @@ unsafe fn random_permutation(data: usize, n: usize, slice: RandomSlice) {
     }
     // SAFETY: per this function's contract.
     let out = unsafe { std::slice::from_raw_parts_mut(data as *mut i64, n) };
-    generator::randperm(out, generator::PhiloxSlice { seed: slice.seed, base: slice.base });
+    generator::randperm(out, philox_slice(&slice));
+}
+
+fn new_graph(keep_graph: bool) -> Box<Graph> {
+    Box::new(Graph::new(keep_graph))
+}
+
+fn graph_capture_begin(g: &Graph, pool: PoolId, mode: i8) -> Result<()> {
+    let mode = match mode {
+        // CUDA's default for torch.cuda.graph is "global".
+        0 | 1 => CaptureMode::Global,
+        2 => CaptureMode::ThreadLocal,
+        3 => CaptureMode::Relaxed,
+        _ => return Err(crate::error::Error::invalid_value(format!("capture_begin: unknown capture mode {mode}"))),
+    };
+    g.capture_begin((pool.first, pool.second), mode)
+}
+
+fn graph_capture_end(g: &Graph) -> Result<()> {
+    g.capture_end()
+}
+
+fn graph_instantiate(g: &Graph) -> Result<()> {
+    g.instantiate()
+}
+
+fn graph_replay(g: &Graph) -> Result<()> {
+    g.replay()
+}
+
+fn graph_reset(g: &Graph) -> Result<()> {
+    g.reset()
+}
+
+fn graph_pool(g: &Graph) -> PoolId {
+    let (first, second) = g.pool();
+    PoolId { first, second }
+}
+
+fn graph_enable_debug_mode(g: &Graph) {
+    g.enable_debug_mode()
+}
+
+fn graph_debug_dot(g: &Graph) -> Result<String> {
+    g.debug_dot()
+}
+
+fn is_stream_capturing(device: i8, id: i64) -> Result<bool> {
+    Ok(crate::graph::is_capturing(stream::lookup(device.into(), id)?))
+}
+
+fn is_current_stream_capturing(device: i8) -> Result<bool> {
+    Ok(stream::current(device.into())?.capture_pool() != 0)
 }

@@ -157,6 +157,16 @@ impl Generator {
         Ok(())
     }
 
+    /// Whether `other` is a handle to the same state as this one.
+    pub fn same_state(&self, other: &Generator) -> bool {
+        Arc::ptr_eq(&self.state, &other.state)
+    }
+
+    /// Another handle to this generator's state (not a copy: see `fork`).
+    pub fn share(&self) -> Generator {
+        Generator { state: Arc::clone(&self.state) }
+    }
+
     /// Hands out the next `draws` draws. See Note [Philox offsets].
     pub fn reserve(&self, draws: u64) -> PhiloxSlice {
         let mut st = self.state.lock();

@@ -12,6 +12,7 @@ pub mod event;
 pub mod fault;
 mod ffi;
 pub mod generator;
+pub mod graph;
 pub mod lifecycle;
 pub mod log;
 pub mod memory;

@@ -22,6 +22,11 @@
 //! while an inline one runs). The result is the same order as queuing, less
 //! two thread hand-offs.
 //!
+//! Note [Capturing streams]: while a stream captures a graph (src/graph.rs)
+//! `submit` hands each task to the capture instead of queuing it, and the
+//! stream never runs work inline; its counters do not move, so everything
+//! submitted before the capture still completes in order.
+//!
 //! Note [Idle workers]: a stream's worker thread is spawned by the first
 //! submission and exits after `OPENREG_WORKER_IDLE_MS` with nothing to do, so a
 //! process that touched a hundred streams keeps no hundred idle threads, and
@@ -40,6 +45,7 @@ use std::cell::Cell;
 use crate::device::DeviceIndex;
 use crate::error::{Error, ErrorKind, Result};
 use crate::event::Event;
+use crate::graph::Capture;
 use crate::options::{self, MAX_DEVICES};
 
 pub type StreamId = i64;
@@ -60,7 +66,9 @@ pub enum Task {
     /// Host code run by the stream's worker (a kernel, a host function),
     /// with device memory accessible. A failure is parked for the next
     /// `synchronize` of the stream.
-    Run(Box<dyn FnOnce() -> Result<()> + Send>),
+    /// A closure that can run again: a captured one runs once per graph
+    /// replay (Note [Graph capture] in graph.rs).
+    Run(Box<dyn FnMut() -> Result<()> + Send>),
     /// Block this stream until `stream` has completed `seq` tasks (event wait).
     WaitFor { stream: &'static StreamQueue, seq: u64 },
     /// Stamp the time this point of the stream is reached (timing events).
@@ -78,6 +86,8 @@ struct QueueState {
     shutting_down: bool,
     /// A task that panicked; reported by the next `synchronize`.
     deferred_error: Option<Error>,
+    /// The graph capture this stream records into (Note [Capturing streams]).
+    capture: Option<Arc<Capture>>,
 }
 
 /// A stream's queue and its worker's state. Lives for the whole process.
@@ -94,6 +104,10 @@ pub struct StreamQueue {
     /// `state`'s lock, like `completed`; it is atomic so that `marker` (on
     /// every allocator free) reads it without locking.
     submitted: AtomicU64,
+    /// The allocator key of the pool a capturing stream allocates from, 0
+    /// when not capturing (read on every allocation without locking; Note
+    /// [Graph pools] in allocator.rs).
+    capture_pool: AtomicUsize,
 }
 
 impl StreamQueue {
@@ -110,10 +124,12 @@ impl StreamQueue {
                 running_since: None,
                 shutting_down: false,
                 deferred_error: None,
+                capture: None,
             }),
             work_available: Condvar::new(),
             progress: Condvar::new(),
             submitted: AtomicU64::new(0),
+            capture_pool: AtomicUsize::new(0),
         }
     }
 
@@ -147,11 +163,24 @@ impl StreamQueue {
     }
 
     /// Queues `task`; returns its sequence number. See Note [Stream progress].
+    /// A capturing stream records it instead (Note [Capturing streams]) and
+    /// returns the current marker, which is already passed by then.
     pub fn submit(&'static self, task: Task) -> Result<u64> {
+        self.submit_described(task, String::new)
+    }
+
+    /// `submit`, with a description of the task for a capture's debug dump
+    /// (called only then).
+    pub fn submit_described(&'static self, task: Task, describe: impl FnOnce() -> String) -> Result<u64> {
         let seq = {
             let mut st = self.state.lock();
             if st.shutting_down {
                 return Err(Error::invalid_value(format!("{self} is shut down: the runtime is finalizing")));
+            }
+            if let Some(capture) = st.capture.clone() {
+                drop(st);
+                capture.record(self, task, describe)?;
+                return Ok(self.marker());
             }
             st.tasks.push_back(task);
             if st.worker_running {
@@ -245,7 +274,7 @@ impl StreamQueue {
     /// the stream is busy. A true result must be followed by `end_inline`.
     pub fn try_begin_inline(&self) -> bool {
         let mut st = self.state.lock();
-        if st.completed != self.marker() || st.shutting_down {
+        if st.completed != self.marker() || st.shutting_down || st.capture.is_some() {
             return false;
         }
         crate::utilization::stream_became_busy(self.device);
@@ -332,6 +361,39 @@ impl StreamQueue {
                 limit.as_millis()
             ),
         )
+    }
+
+    /// The capture this stream records into, if it is capturing.
+    pub fn capture(&self) -> Option<Arc<Capture>> {
+        if self.capture_pool.load(Ordering::Acquire) == 0 {
+            return None; // the common case, without locking
+        }
+        self.state.lock().capture.clone()
+    }
+
+    /// The allocator key of the pool this stream allocates from while it
+    /// captures; 0 when it does not.
+    #[inline]
+    pub fn capture_pool(&self) -> usize {
+        self.capture_pool.load(Ordering::Acquire)
+    }
+
+    /// Starts recording into `capture` (Note [Capturing streams]).
+    pub(crate) fn join_capture(&self, capture: Arc<Capture>) -> Result<()> {
+        let mut st = self.state.lock();
+        if st.capture.is_some() {
+            return Err(Error::new(ErrorKind::StreamCapture, format!("{self} is already part of a graph capture")));
+        }
+        self.capture_pool.store(capture.pool_key(), Ordering::Release);
+        st.capture = Some(capture);
+        Ok(())
+    }
+
+    /// Stops recording: later work runs again.
+    pub(crate) fn leave_capture(&self) {
+        let mut st = self.state.lock();
+        st.capture = None;
+        self.capture_pool.store(0, Ordering::Release);
     }
 
     /// The current end of the stream: it has passed this point once it has
@@ -434,7 +496,7 @@ impl std::fmt::Display for StreamQueue {
 
 fn run(task: Task) -> Result<()> {
     match task {
-        Task::Run(f) => {
+        Task::Run(mut f) => {
             let _window = crate::memory::AccessWindow::open();
             f()
         }
