@@ -632,7 +632,7 @@ def _sync_cases():
     for mode in MODES:
         for name in sorted(SYNCS):
             if mode == "relaxed" and name == "device synchronize":
-                continue  # relaxed lets the capturing thread sync device-wide work: not asserted either way
+                continue  # whether relaxed allows a device-wide sync (which covers the capturing stream) is unsettled: not asserted
             yield mode, name
 
 
