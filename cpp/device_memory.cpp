@@ -155,10 +155,17 @@ KernelInfo::KernelInfo(const char* name, std::initializer_list<at::Tensor> reads
 }
 
 void KernelInfo::add(const at::Tensor& t, bool written) {
-  if (t.defined() && t.has_storage()) {
-    const auto address = reinterpret_cast<uintptr_t>(t.storage().data()) + t.storage_offset() * t.itemsize();
-    buffers.push_back({address, static_cast<size_t>(t.numel()) * t.itemsize(), written});
+  if (!t.defined() || !t.has_storage()) {
+    return;
   }
+  const auto address = reinterpret_cast<uintptr_t>(t.storage().data()) + t.storage_offset() * t.itemsize();
+  const auto bytes = static_cast<size_t>(t.numel()) * t.itemsize();
+  for (const ffi::KernelBuffer& b : buffers) {
+    if (b.address == address && b.bytes == bytes && b.written == written) {
+      return; // an out= argument is also among the results
+    }
+  }
+  buffers.push_back({address, bytes, written});
 }
 
 void queue_kernel(c10::DeviceIndex device, std::function<void()> body, ffi::LaunchMode mode, KernelInfo info) {

@@ -16,6 +16,7 @@
 #include <torch/library.h>
 
 #include "torch_openreg/cpp/device_memory.h"
+#include "torch_openreg/cpp/graph_kernels.h"
 
 namespace openreg {
 namespace {
@@ -38,13 +39,17 @@ at::Tensor operand(const at::Tensor& t, size_t slot) {
   return t.is_privateuseone() ? scratch_cpu_view(t, slot) : t;
 }
 
-// Allocates the broadcast result and queues `compute(out_view, a_view, b_view)`.
+// Allocates the broadcast result and queues `compute(out_view, a_view, b_view)`
+// (a raw loop for `kind` instead when a graph captures it: Note [Graph
+// kernels] in graph_kernels.h).
 template <typename Compute>
 at::Tensor binary(
     const at::Tensor& self,
     const at::Tensor& other,
     c10::ScalarType dtype,
     const char* op,
+    std::optional<BinaryOp> kind,
+    const c10::Scalar& alpha,
     Compute compute) {
   c10::Device device = binary_device(self, other, op);
   c10::DeviceGuard guard(device);
@@ -53,6 +58,11 @@ at::Tensor binary(
         at::Tensor out_view = scratch_cpu_view(out, 0);
         compute(out_view, operand(self, 1), operand(other, 2));
       })) {
+    const bool capturing = kind && checked([&] { return ffi::is_current_stream_capturing(device.index()); });
+    if (std::function<void()> raw = capturing ? raw_binary_kernel(*kind, out, self, other, alpha) : nullptr) {
+      queue_kernel(device.index(), std::move(raw), ffi::LaunchMode::Queue, KernelInfo(op, {self, other}, {out}));
+      return out;
+    }
     queue_kernel(
         device.index(),
         [compute, out = kernel_operand(out), a = kernel_operand(self), b = kernel_operand(other)]() mutable {
@@ -70,19 +80,19 @@ c10::ScalarType common_dtype(const at::Tensor& self, const at::Tensor& other) {
 }
 
 at::Tensor add(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  return binary(self, other, common_dtype(self, other), "aten::add", [alpha](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  return binary(self, other, common_dtype(self, other), "aten::add", BinaryOp::Add, alpha, [alpha](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
     at::cpu::add_out(out, a, b, alpha);
   });
 }
 
 at::Tensor sub(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  return binary(self, other, common_dtype(self, other), "aten::sub", [alpha](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  return binary(self, other, common_dtype(self, other), "aten::sub", BinaryOp::Sub, alpha, [alpha](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
     at::cpu::sub_out(out, a, b, alpha);
   });
 }
 
 at::Tensor mul(const at::Tensor& self, const at::Tensor& other) {
-  return binary(self, other, common_dtype(self, other), "aten::mul", [](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  return binary(self, other, common_dtype(self, other), "aten::mul", BinaryOp::Mul, 1, [](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
     at::cpu::mul_out(out, a, b);
   });
 }
@@ -93,7 +103,7 @@ at::Tensor div(const at::Tensor& self, const at::Tensor& other) {
   if (c10::isIntegralType(dtype, /*includeBool=*/true)) {
     dtype = c10::typeMetaToScalarType(c10::get_default_dtype());
   }
-  return binary(self, other, dtype, "aten::div", [](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  return binary(self, other, dtype, "aten::div", std::nullopt, 1, [](at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
     at::cpu::div_out(out, a, b);
   });
 }

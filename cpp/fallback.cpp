@@ -37,6 +37,7 @@
 #include <torch/library.h>
 
 #include "torch_openreg/cpp/device_memory.h"
+#include "torch_openreg/cpp/graph_kernels.h"
 #include "torch_openreg/cpp/ivalue_tensors.h"
 #include "torch_openreg/cpp/meta_results.h"
 #include "torch_openreg/src/ffi.rs.h"
@@ -266,6 +267,46 @@ void queue_with_planned_results(Call& call, c10::Device device, PlannedResults& 
   call.stack.insert(call.stack.end(), results.begin(), results.end());
 }
 
+// The out= forms of add, sub and mul, as a raw loop while a graph captures
+// them (Note [Graph kernels] in graph_kernels.h); false if not applicable.
+bool queue_graph_kernel(Call& call, c10::Device device) {
+  const c10::OperatorName& name = call.op.operator_name();
+  if (name.overload_name != "out") {
+    return false;
+  }
+  std::optional<BinaryOp> kind;
+  if (name.name == "aten::add") {
+    kind = BinaryOp::Add;
+  } else if (name.name == "aten::sub") {
+    kind = BinaryOp::Sub;
+  } else if (name.name == "aten::mul") {
+    kind = BinaryOp::Mul;
+  } else {
+    return false;
+  }
+  c10::ArrayRef<c10::IValue> args = call.arguments();
+  // add.out / sub.out: (self, other, alpha, out); mul.out: (self, other, out).
+  const size_t count = *kind == BinaryOp::Mul ? 3 : 4;
+  if (args.size() != count || !args[0].isTensor() || !args[1].isTensor() || !args.back().isTensor()) {
+    return false;
+  }
+  const at::Tensor& out = args.back().toTensor();
+  const at::Tensor& self = args[0].toTensor();
+  const at::Tensor& other = args[1].toTensor();
+  const c10::Scalar alpha = count == 4 ? args[2].toScalar() : c10::Scalar(1);
+  std::function<void()> raw = raw_binary_kernel(*kind, out, self, other, alpha);
+  if (!raw) {
+    return false;
+  }
+  queue_kernel(
+      device.index(), std::move(raw), ffi::LaunchMode::Queue,
+      KernelInfo(call.op.schema().name().c_str(), {self, other}, {out}));
+  at::Tensor result = out;
+  call.stack.erase(call.stack.begin() + call.first_arg, call.stack.end());
+  call.stack.emplace_back(std::move(result));
+  return true;
+}
+
 void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Call call(op, stack);
   const c10::Device device = call.check_devices();
@@ -275,6 +316,9 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return;
   }
   const bool capturing = checked([&] { return ffi::is_current_stream_capturing(device.index()); });
+  if (capturing && queue_graph_kernel(call, device)) {
+    return;
+  }
   PlanLookup lookup = plan_results(op, call.arguments(), device, /*accept_unchecked=*/capturing);
   if (lookup.planned) {
     queue_with_planned_results(call, device, *lookup.planned);

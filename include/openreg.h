@@ -30,6 +30,8 @@ typedef enum orError {
   orErrorBadFork = 5,
   orErrorNoDevice = 6,
   orErrorMemoryAllocation = 7,
+  /* Not permitted while a stream captures a graph, or the capture failed. */
+  orErrorStreamCapture = 8,
 } orError_t;
 
 typedef struct orStream_st* orStream_t;
@@ -175,6 +177,39 @@ typedef const char* (*orStackCollector_t)(void);
 int orRecordMemoryHistory(int enabled, int trace, int stacks, size_t max_entries);
 void orSetStackCollector(orStackCollector_t collector);
 int orMemorySnapshot(const char** json);
+
+/* Graph capture, in the spirit of cudaStreamBeginCapture/cudaGraphLaunch.
+ * Between orStreamBeginCapture and orStreamEndCapture the work queued on
+ * the stream (kernels, host functions, event records; streams that wait on
+ * an event recorded in the capture join it) is recorded, not run; device
+ * memory allocated for it comes from the graph's private pool. A host
+ * function recorded in a graph runs once per launch. A host wait for the
+ * capturing stream fails with orErrorStreamCapture; so, under
+ * orStreamCaptureModeGlobal, does any host synchronization from any
+ * thread, under ThreadLocal from the capturing thread (Relaxed allows
+ * them). orStreamEndCapture fails (and the capture is discarded) if an
+ * illegal call invalidated it or a joined stream was not joined back.
+ * A launch runs the recorded work, in recorded order, as one piece of work
+ * of `stream`, on whatever the captured buffers hold then; launches of one
+ * executable graph are ordered among themselves. An executable graph keeps
+ * its graph's pool alive; the pool goes with the last handle. */
+typedef struct orGraph_st* orGraph_t;
+typedef struct orGraphExec_st* orGraphExec_t;
+typedef enum orStreamCaptureMode {
+  orStreamCaptureModeGlobal = 0,
+  orStreamCaptureModeThreadLocal = 1,
+  orStreamCaptureModeRelaxed = 2,
+} orStreamCaptureMode;
+int orStreamBeginCapture(orStream_t stream, orStreamCaptureMode mode);
+int orStreamEndCapture(orStream_t stream, orGraph_t* graph);
+int orStreamIsCapturing(orStream_t stream, int* capturing);
+int orGraphGetNodeCount(orGraph_t graph, size_t* count);
+int orGraphInstantiate(orGraphExec_t* exec, orGraph_t graph);
+int orGraphLaunch(orGraphExec_t exec, orStream_t stream);
+int orGraphExecDestroy(orGraphExec_t exec);
+int orGraphDestroy(orGraph_t graph);
+/* A fresh memory pool id (torch.openreg.graph_pool_handle). */
+int orGraphPoolHandle(uint64_t* first, uint64_t* second);
 
 #ifdef __cplusplus
 }

@@ -77,6 +77,7 @@ pub extern "C" fn orGetErrorString(error: OrError) -> *const c_char {
         5 => c"used in a forked child of an initialized process",
         6 => c"no openreg device is available",
         7 => c"out of device memory",
+        8 => c"operation not permitted during graph capture (or the capture failed)",
         _ => c"unknown error code",
     };
     text.as_ptr()
@@ -597,4 +598,109 @@ pub extern "C" fn orSetOpTimeoutMs(ms: u64) {
 #[no_mangle]
 pub extern "C" fn orGetOpTimeoutMs() -> u64 {
     crate::op_timeout::get_ms()
+}
+
+/// Live graph handles of the C ABI: a handle is the address of a boxed
+/// executable graph, valid only while listed here (so a destroyed or
+/// garbage handle is `orErrorInvalidHandle`, never a dangling read).
+static GRAPH_HANDLES: Lazy<parking_lot::Mutex<std::collections::HashMap<usize, Arc<crate::graph::Executable>>>> =
+    Lazy::new(Default::default);
+
+fn new_graph_handle(executable: Arc<crate::graph::Executable>) -> *mut c_void {
+    let boxed = Box::new(0u8); // a unique address for the handle
+    let handle = Box::into_raw(boxed) as usize;
+    GRAPH_HANDLES.lock().insert(handle, executable);
+    handle as *mut c_void
+}
+
+fn graph_arg(handle: *const c_void) -> Result<Arc<crate::graph::Executable>> {
+    GRAPH_HANDLES
+        .lock()
+        .get(&(handle as usize))
+        .cloned()
+        .ok_or_else(|| Error::new(ErrorKind::InvalidHandle, format!("{handle:p} is not a live openreg graph handle")))
+}
+
+fn destroy_graph_handle(handle: *const c_void) -> Result<()> {
+    let executable = GRAPH_HANDLES.lock().remove(&(handle as usize));
+    match executable {
+        Some(executable) => {
+            // SAFETY: listed handles are addresses from Box::into_raw above.
+            drop(unsafe { Box::from_raw(handle as *mut u8) });
+            drop(executable); // outside the registry's lock: may release the pool
+            Ok(())
+        }
+        None => Err(Error::new(ErrorKind::InvalidHandle, format!("{handle:p} is not a live openreg graph handle"))),
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn orStreamBeginCapture(stream: *const c_void, mode: c_int) -> OrError {
+    guarded(|| {
+        let mode = match mode {
+            0 => crate::graph::CaptureMode::Global,
+            1 => crate::graph::CaptureMode::ThreadLocal,
+            2 => crate::graph::CaptureMode::Relaxed,
+            _ => return Err(Error::invalid_value(format!("orStreamBeginCapture: unknown capture mode {mode}"))),
+        };
+        crate::graph::begin_capture(stream_arg(stream)?, mode, (0, 0), false).map(drop)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn orStreamEndCapture(stream: *const c_void, graph: *mut *mut c_void) -> OrError {
+    guarded(|| {
+        if graph.is_null() {
+            return Err(Error::invalid_value("a required output pointer is null"));
+        }
+        let executable = crate::graph::end_capture(stream_arg(stream)?)?;
+        put(graph, new_graph_handle(Arc::new(executable)))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn orStreamIsCapturing(stream: *const c_void, capturing: *mut c_int) -> OrError {
+    guarded(|| put(capturing, crate::graph::is_capturing(stream_arg(stream)?) as c_int))
+}
+
+#[no_mangle]
+pub extern "C" fn orGraphGetNodeCount(graph: *const c_void, count: *mut usize) -> OrError {
+    guarded(|| put(count, graph_arg(graph)?.node_count()))
+}
+
+/// An executable graph shares the captured one's recorded work (launches
+/// of either are ordered among themselves).
+#[no_mangle]
+pub extern "C" fn orGraphInstantiate(exec: *mut *mut c_void, graph: *const c_void) -> OrError {
+    guarded(|| {
+        let executable = graph_arg(graph)?;
+        if exec.is_null() {
+            return Err(Error::invalid_value("a required output pointer is null"));
+        }
+        put(exec, new_graph_handle(executable))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn orGraphLaunch(exec: *const c_void, stream: *const c_void) -> OrError {
+    guarded(|| graph_arg(exec)?.launch(stream_arg(stream)?))
+}
+
+#[no_mangle]
+pub extern "C" fn orGraphExecDestroy(exec: *const c_void) -> OrError {
+    guarded(|| destroy_graph_handle(exec))
+}
+
+#[no_mangle]
+pub extern "C" fn orGraphDestroy(graph: *const c_void) -> OrError {
+    guarded(|| destroy_graph_handle(graph))
+}
+
+#[no_mangle]
+pub extern "C" fn orGraphPoolHandle(first: *mut u64, second: *mut u64) -> OrError {
+    guarded(|| {
+        let (a, b) = crate::graph::new_pool_handle();
+        put(first, a)?;
+        put(second, b)
+    })
 }

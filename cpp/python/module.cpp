@@ -251,6 +251,22 @@ static PyObject* utilization(PyObject* self, PyObject* arg) {
   return PyLong_FromLong(percent);
 }
 
+static PyObject* graph_pool_handle(PyObject* self, PyObject* unused) {
+  uint64_t first = 0, second = 0;
+  CHECK(orGraphPoolHandle(&first, &second));
+  return Py_BuildValue("(KK)", (unsigned long long)first, (unsigned long long)second);
+}
+
+static PyObject* is_current_stream_capturing(PyObject* self, PyObject* arg) {
+  int device = 0, capturing = 0;
+  orStream_t stream = NULL;
+  if (!parse_device(arg, &device))
+    return NULL;
+  CHECK(orStreamGetCurrent(device, &stream));
+  CHECK(orStreamIsCapturing(stream, &capturing));
+  return PyBool_FromLong(capturing);
+}
+
 static PyObject* can_access_peer(PyObject* self, PyObject* args) {
   PyObject *device_arg, *peer_arg;
   int device = 0, peer = 0, can = 0;
@@ -443,6 +459,8 @@ static PyMethodDef methods[] = {
     {"_get_default_generator", openreg_get_default_generator, METH_O, "The default torch.Generator of a device."},
     {"_utilization", utilization, METH_O, "Percent of the last second a device's streams had work."},
     {"_can_device_access_peer", can_access_peer, METH_VARARGS, "(device, peer): peer access."},
+    {"_graph_pool_handle", graph_pool_handle, METH_NOARGS, "A fresh graph memory pool id."},
+    {"_is_current_stream_capturing", is_current_stream_capturing, METH_O, "Whether a device's current stream captures."},
     {"_get_memory_fraction", get_memory_fraction, METH_O, "A device's per-process memory fraction."},
     {"_set_sync_debug_mode", set_sync_debug_mode, METH_O, "0 default, 1 warn, 2 error."},
     {"_get_sync_debug_mode", get_sync_debug_mode, METH_NOARGS, "0 default, 1 warn, 2 error."},

@@ -132,6 +132,51 @@ def test_elementwise_chain_replay_equals_eager_and_outputs_keep_their_address():
         assert torch.equal(out.cpu(), _chain(x).cpu())
 
 
+# Ops a capture records as raw loops (Note [Graph kernels] in
+# cpp/graph_kernels.h) and their neighbours that stay CPU kernels; either
+# way replay must be bit-identical to eager.
+GRAPH_KERNEL_CASES = {
+    "mul_ by a python float": lambda x, y, s: x.mul_(1.0001),
+    "add_ of a python int": lambda x, y, s: x.add_(3),
+    "sub_ of a tensor": lambda x, y, s: x.sub_(y),
+    "out-of-place add, mul, sub": lambda x, y, s: (x + y) * y - x,
+    "add of a 0-dim CPU float64 tensor": lambda x, y, s: x + torch.tensor(0.3, dtype=torch.float64),
+    "mul by a device scalar": lambda x, y, s: x * s,
+    "in-place mul by a device scalar": lambda x, y, s: x.mul_(s),
+    "add with alpha 2 (CPU kernel)": lambda x, y, s: torch.add(x, y, alpha=2.0),
+    "broadcast add (CPU kernel)": lambda x, y, s: x + y[:1],
+    "add of a transposed tensor (CPU kernel)": lambda x, y, s: x + y.t().contiguous().t(),
+    "div (CPU kernel)": lambda x, y, s: x / (y.abs() + 1),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", sorted(GRAPH_KERNEL_CASES))
+def test_captured_elementwise_ops_replay_bit_identical(case, dtype):
+    """Whether a capture records an elementwise op as a raw loop or as the
+    CPU kernel, each replay computes exactly what eager execution computes,
+    in-place results included; a device scalar operand is read at replay."""
+    fn = GRAPH_KERNEL_CASES[case]
+    x0, y0 = _cpu_randn(16, 16, seed=1).to(dtype), _cpu_randn(16, 16, seed=2).to(dtype)
+
+    def eager(scale):
+        x, y, s = x0.to(DEV), y0.to(DEV), torch.tensor(scale, dtype=dtype, device=DEV)
+        out = fn(x, y, s)
+        return out.cpu(), x.cpu()
+
+    x, y, s = x0.to(DEV), y0.to(DEV), torch.tensor(1.5, dtype=dtype, device=DEV)
+    side, g = torch.Stream(device=DEV), Graph()
+    with side, g:
+        out = fn(x, y, s)
+    for scale in (1.5, -0.25):
+        s.fill_(scale)
+        x.copy_(x0.to(DEV))
+        g.replay()
+        want_out, want_x = eager(scale)
+        assert torch.equal(out.cpu(), want_out), case
+        assert torch.equal(x.cpu(), want_x), case
+
+
 def test_matmul_replay_equals_eager():
     """CUDA: matmul, addmm and bmm replay bit-identically to eager, also
     after the static inputs are refilled in place."""
@@ -832,7 +877,8 @@ def test_debug_dump_writes_a_dot_file(tmp_path):
 def test_debug_dump_parses_with_pydot(tmp_path):
     """The DOT file is valid Graphviz: pydot parses it into one digraph with
     two op nodes and at least one edge."""
-    pydot = pytest.importorskip("pydot")
+    import pydot  # requirements.txt installs it
+
     g, s, _ = _captured_for_dump()
     path = tmp_path / "graph.dot"
     g.debug_dump(str(path))

@@ -22,6 +22,7 @@ from .amp import (
     set_autocast_dtype,
     set_autocast_enabled,
 )
+from ._graphs import graph_pool_handle, is_current_stream_capturing
 from ._device import (
     can_device_access_peer,
     current_device,
@@ -206,6 +207,7 @@ __all__ = [
     "get_per_process_memory_fraction",
     "get_rng_state",
     "get_rng_state_all",
+    "graph_pool_handle",
     "get_stream_from_external",
     "get_sync_debug_mode",
     "has_half",
@@ -218,6 +220,7 @@ __all__ = [
     "is_autocast_enabled",
     "is_available",
     "is_bf16_supported",
+    "is_current_stream_capturing",
     "is_initialized",
     "is_tf32_supported",
     "manual_seed",
