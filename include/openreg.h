@@ -99,6 +99,11 @@ int orStreamSynchronize(orStream_t stream);
  * with cudaStreamWaitEvent); a never-recorded event makes it wait for nothing. */
 int orStreamWaitEvent(orStream_t stream, orEvent_t event);
 int orLaunchHostFunc(orStream_t stream, orHostFn_t fn, void* user_data);
+/* orLaunchHostFunc whose user data the runtime owns from the call on:
+ * release(user_data) is called once `fn` will not run again: after its run,
+ * when the graph that captured it is destroyed (a captured host function
+ * runs once per launch), or before the call returns if the launch fails. */
+int orLaunchHostFuncOwned(orStream_t stream, orHostFn_t fn, void* user_data, orHostFn_t release);
 
 /* Exit of a host that must not be re-entered from stream workers once it
  * finalizes (CPython: a worker that takes the GIL then is ended, and the

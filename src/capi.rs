@@ -273,6 +273,52 @@ pub extern "C" fn orLaunchHostFunc(stream: *const c_void, func: Option<HostFn>, 
     })
 }
 
+/// Releases a host function's user data: called once, when the runtime is
+/// done with the function.
+pub type ReleaseFn = extern "C" fn(user_data: *mut c_void);
+
+/// User data that the runtime owns: released when dropped.
+struct OwnedUserData {
+    data: SendPtr,
+    release: ReleaseFn,
+}
+
+impl Drop for OwnedUserData {
+    fn drop(&mut self) {
+        (self.release)(self.data.0);
+    }
+}
+
+/// `orLaunchHostFunc` whose user data the runtime owns from the call on:
+/// `release(user_data)` runs once the function will not run again — after
+/// its run, or when the graph that captured it is destroyed (it then runs
+/// once per launch), or at once if the launch fails.
+#[no_mangle]
+pub extern "C" fn orLaunchHostFuncOwned(
+    stream: *const c_void,
+    func: Option<HostFn>,
+    user_data: *mut c_void,
+    release: Option<ReleaseFn>,
+) -> OrError {
+    let Some(release) = release else {
+        return guarded(|| Err(Error::invalid_value("orLaunchHostFuncOwned: the release function is null")));
+    };
+    let owned = OwnedUserData { data: SendPtr(user_data), release };
+    guarded(move || {
+        let s = stream_arg(stream)?;
+        let func = func.ok_or_else(|| Error::invalid_value("orLaunchHostFuncOwned: the host function is null"))?;
+        s.submit_described(
+            Task::Run(Box::new(move || {
+                let owned = &owned; // the whole value: it is what is Send
+                func(owned.data.0);
+                Ok(())
+            })),
+            || "host function".to_string(),
+        )
+        .map(drop)
+    })
+}
+
 /// The host process is about to finalize: drains every stream, then makes
 /// `orKernelReleaseBegin` answer 0 (Note [Host exit] in lifecycle.rs).
 #[no_mangle]

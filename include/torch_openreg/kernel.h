@@ -44,6 +44,11 @@
 // - If the launch itself fails (a bad stream, the runtime shutting down), the
 //   kernel is destroyed unrun and launch throws a c10::Error (a RuntimeError
 //   in Python) carrying the runtime's message.
+// - On a stream that is capturing a graph (torch.accelerator.Graph, or
+//   orStreamBeginCapture), the kernel does not run at launch: it is recorded
+//   and runs once per replay of the graph, on whatever the captured memory
+//   holds then, so it must not consume what it captured. What it captured
+//   lives until the graph is destroyed (reset, or the graph object goes).
 // - At exit (Python): kernels queued when the script ends (normally, by
 //   sys.exit or by an uncaught exception) run before the interpreter
 //   finalizes, and their captures are destroyed then. A kernel that runs
@@ -132,19 +137,23 @@ void release(std::unique_ptr<Kernel> kernel) noexcept {
   orKernelReleaseEnd();
 }
 
-// orLaunchHostFunc's callback: runs the kernel once, then releases it (and
-// what it captured). Nothing may unwind into the runtime.
+// orLaunchHostFuncOwned's callback: runs the kernel (once, or once per
+// graph replay). Nothing may unwind into the runtime.
 template <typename Kernel>
-void run_and_delete(void* data) noexcept {
-  std::unique_ptr<Kernel> kernel(static_cast<Kernel*>(data));
+void run(void* data) noexcept {
   try {
-    (*kernel)();
+    (*static_cast<Kernel*>(data))();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "torch_openreg: a kernel launched with torch_openreg::launch threw: %s\n", e.what());
   } catch (...) {
     std::fprintf(stderr, "torch_openreg: a kernel launched with torch_openreg::launch threw an unknown exception\n");
   }
-  release(std::move(kernel));
+}
+
+// orLaunchHostFuncOwned's release: the kernel will not run again.
+template <typename Kernel>
+void release_kernel(void* data) noexcept {
+  release(std::unique_ptr<Kernel>(static_cast<Kernel*>(data)));
 }
 
 } // namespace detail
@@ -155,13 +164,11 @@ template <typename F>
 void launch(orStream_t stream, F&& kernel) {
   using Kernel = std::decay_t<F>;
   static_assert(std::is_invocable_v<Kernel&>, "torch_openreg::launch: the kernel must be callable with no arguments");
-  auto owned = std::make_unique<Kernel>(std::forward<F>(kernel));
-  int code = orLaunchHostFunc(stream, &detail::run_and_delete<Kernel>, owned.get());
-  if (code == orSuccess) {
-    owned.release(); // the runtime owns it now; run_and_delete frees it
-    return;
-  }
-  check(code, "orLaunchHostFunc"); // throws; `owned` then destroys the kernel unrun
+  // The runtime owns it from here: it releases it once it will not run
+  // again, or before returning a failure.
+  Kernel* owned = new Kernel(std::forward<F>(kernel));
+  check(orLaunchHostFuncOwned(stream, &detail::run<Kernel>, owned, &detail::release_kernel<Kernel>),
+        "orLaunchHostFuncOwned");
 }
 
 template <typename F>

@@ -154,6 +154,23 @@ def test_captured_tensors_live_until_the_kernel_ran(ext):
     assert torch.openreg.memory_allocated(0) == seen["base"], "x outlived the kernel"
 
 
+def test_kernel_captured_in_a_graph_runs_once_per_replay(ext):
+    """A custom kernel launched while a graph captures is recorded, not run;
+    each replay runs it once; what it captured lives until the graph goes."""
+    x = torch.ones(N, device="openreg")
+    destroyed = ext.destroyed_kernels()
+    s, g = torch.Stream(device="openreg"), torch.accelerator.Graph()
+    with s, g:
+        ext.scale_(x, 2.0)
+    assert torch.equal(x.cpu(), torch.ones(N)), "the captured kernel ran at capture"
+    for replays in range(1, 4):
+        g.replay()
+        assert torch.equal(x.cpu(), torch.full((N,), 2.0**replays))
+    assert ext.destroyed_kernels() == destroyed, "the graph's kernel was destroyed while the graph lives"
+    g.reset()
+    assert ext.destroyed_kernels() == destroyed + 1, "reset did not destroy the graph's kernel"
+
+
 def test_non_default_stream_respects_an_event_wait(ext):
     producer, consumer = new_stream(), new_stream()
     assert producer.stream_id != consumer.stream_id
@@ -209,7 +226,7 @@ def test_bad_arguments_raise(ext):
 def test_failed_launch_throws_and_destroys_the_kernel(ext):
     torch.openreg.synchronize()
     destroyed = ext.destroyed_kernels()
-    with pytest.raises(RuntimeError, match=r"openreg: orLaunchHostFunc failed: .*is not an openreg stream handle"):
+    with pytest.raises(RuntimeError, match=r"openreg: orLaunchHostFuncOwned failed: .*is not an openreg stream handle"):
         ext.launch_on_bad_stream()
     assert ext.destroyed_kernels() == destroyed + 1
 
