@@ -13,8 +13,11 @@ use torch_openreg::stream::{StreamQueue, Task};
 
 /// Host work for a stream that cannot fail.
 fn host(f: impl FnOnce() + Send + 'static) -> Task {
+    let mut f = Some(f); // a task may run again (graph replay); these run once
     Task::Run(Box::new(move || {
-        f();
+        if let Some(f) = f.take() {
+            f();
+        }
         Ok(())
     }))
 }
