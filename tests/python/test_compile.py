@@ -287,3 +287,70 @@ def test_compiled_kernels_under_memory_protection():
     # Host code touching device memory would fault: the kernels run through the stream.
     data = MEMORY_PROTECT.result().check_ok()
     assert data["error"] < 1e-4
+
+
+# --- backend="openreg_graphs": compiled graphs captured and replayed ----------
+# (Note [Graphed compile backend] in python/torch_openreg/_graph_backend.py)
+
+
+def test_graphed_backend_is_found_by_name():
+    """dynamo finds the backend through the package's entry point."""
+    assert "openreg_graphs" in torch._dynamo.list_backends()
+
+
+def test_graphed_training_matches_eager_bit_for_bit():
+    """Forward and backward graphs captured after their first call replay
+    exactly what eager training computes, step after step (parameters and
+    their updates in place, new batches copied into the static inputs)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to(DEV)
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="openreg_graphs")
+    optimizer, reference_optimizer = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference))
+    for _ in range(5):
+        x, y = torch.randn(8, 16, device=DEV), torch.randn(8, 4, device=DEV)
+        for net, opt in ((compiled, optimizer), (reference, reference_optimizer)):
+            F.mse_loss(net(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        for a, b in zip(model.parameters(), reference.parameters()):
+            assert torch.equal(a.cpu(), b.cpu())
+
+
+def test_graphed_results_stay_valid_after_the_next_call():
+    """Each call returns its own tensors, not the graph's static outputs,
+    which the next replay overwrites."""
+    f = torch.compile(lambda x: x * 2 + 1, backend="openreg_graphs")
+    outputs = [f(torch.full((64,), float(i), device=DEV)) for i in range(5)]
+    for i, out in enumerate(outputs):
+        assert torch.equal(out.cpu(), torch.full((64,), 2.0 * i + 1))
+
+
+def test_graphed_random_ops_draw_per_call_and_repeat_after_seed():
+    """Dropout in a replayed graph draws a new mask on every call, and the
+    sequence of calls repeats after manual_seed."""
+    f = torch.compile(lambda x: F.dropout(x, 0.5, training=True), backend="openreg_graphs")
+    x = torch.ones(256, device=DEV)
+
+    def calls():
+        torch.openreg.manual_seed(3)
+        return [f(x).cpu() for _ in range(4)]
+
+    first, second = calls(), calls()
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert not torch.equal(first[2], first[3]), "two replays drew the same mask"
+
+
+def test_graphed_backend_runs_uncapturable_graphs_eagerly():
+    """A graph that synchronizes with the host cannot be captured: it runs
+    eagerly from then on, with a warning naming why; inputs on the CPU are
+    not graphed either."""
+    # multinomial reads its probabilities on the host (Tensor.item()).
+    f = torch.compile(lambda p: torch.multinomial(p, 2) + 1, backend="openreg_graphs")
+    p = torch.tensor([0.5, 0.5, 0.0], device=DEV)
+    with pytest.warns(UserWarning, match="could not be captured.*item"):
+        results = [sorted(f(p).tolist()) for _ in range(3)]
+    assert results == [[1, 2]] * 3
+    g = torch.compile(lambda x: x + 1, backend="openreg_graphs")
+    with pytest.warns(UserWarning, match="not all on one openreg device"):
+        assert torch.equal(g(torch.ones(3)), torch.full((3,), 2.0))

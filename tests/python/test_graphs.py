@@ -887,6 +887,7 @@ def test_debug_dump_writes_a_dot_file(tmp_path):
     assert z.cpu().tolist() == [4.0] * 16
 
 
+@pytest.mark.filterwarnings("ignore:.*deprecated - use:DeprecationWarning")
 def test_debug_dump_parses_with_pydot(tmp_path):
     """The DOT file is valid Graphviz: pydot parses it into one digraph with
     two op nodes and at least one edge."""
