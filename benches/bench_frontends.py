@@ -1,6 +1,9 @@
 """PyTorch's front ends on openreg beside plain CPU PyTorch, in one run, as
-ratios with their targets (issue "PyTorch's front ends on openreg"). CPU
-baselines are taken first, before any openreg work (benches/timing.py).
+ratios with their targets (issue "PyTorch's front ends on openreg"). The
+CPU baselines run in a fresh child process of their own (this script with
+--cpu-baseline), before any openreg work: compiled CPU code timed in the
+process that then compiles and runs openreg code came out 2x slower or
+faster from run to run, flipping the ratios.
 
   python3 benches/bench_frontends.py
 
@@ -15,6 +18,10 @@ Figures:
   train step, whose attention runs the fused OVERRIDEABLE backend: openreg vs
   CPU (target <= 1.3x).
 """
+
+import json
+import subprocess
+import sys
 
 import torch
 import torch.nn as nn
@@ -62,11 +69,29 @@ def transformer_step(device):
     return step
 
 
+def cpu_baselines() -> dict[str, float]:
+    """The CPU figures, measured in this process (the child's side)."""
+    return {
+        "compiled": median_seconds(mlp_step("cpu", compiled=True), REPEAT),
+        "autocast": median_seconds(mlp_step("cpu", autocast=True), REPEAT),
+        "transformer": median_seconds(transformer_step("cpu"), REPEAT),
+    }
+
+
+def cpu_baselines_in_child() -> dict[str, float]:
+    child = subprocess.run(
+        [sys.executable, __file__, "--cpu-baseline"], capture_output=True, text=True, check=True, timeout=900
+    )
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
 def main():
     torch._inductor.config.fx_graph_cache = False  # time this install's code, not a cached one
-    cpu_compiled = median_seconds(mlp_step("cpu", compiled=True), REPEAT)
-    cpu_autocast = median_seconds(mlp_step("cpu", autocast=True), REPEAT)
-    cpu_transformer = median_seconds(transformer_step("cpu"), REPEAT)
+    if "--cpu-baseline" in sys.argv:
+        print(json.dumps(cpu_baselines()))
+        return False
+    cpu = cpu_baselines_in_child()
+    cpu_compiled, cpu_autocast, cpu_transformer = cpu["compiled"], cpu["autocast"], cpu["transformer"]
     dev_compiled = median_seconds(mlp_step(DEV, compiled=True), REPEAT, device=DEV)
     dev_eager = median_seconds(mlp_step(DEV), REPEAT, device=DEV)
     dev_autocast = median_seconds(mlp_step(DEV, autocast=True), REPEAT, device=DEV)
