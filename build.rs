@@ -70,11 +70,13 @@ fn main() {
         "cpp/attention.cpp",
         "cpp/graph.cpp",
         "cpp/graph_kernels.cpp",
+        "cpp/profiler.cpp",
     ];
     cxx_build::bridge("src/ffi.rs")
         .files(sources)
         .std("c++20")
         .include(&include)
+        .include(include.join("kineto")) // cpp/profiler.cpp
         .define("_GLIBCXX_USE_CXX11_ABI", torch.cxx11_abi.as_str())
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-unused-function")

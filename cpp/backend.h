@@ -29,5 +29,7 @@ void register_ops();
 void register_autocast();
 // Registers the at::GraphImplInterface behind torch.accelerator.Graph (graph.cpp).
 void register_graphs();
+// Registers the Kineto activity profiler for openreg devices (profiler.cpp).
+void register_profiler();
 
 } // namespace openreg

@@ -88,7 +88,7 @@ at::Tensor copy_to_device(const at::Tensor& host, c10::Device device) {
   at::Tensor copy = at::detail::empty_strided_generic(
       host.sizes(), host.strides(), device_memory_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
       host.scalar_type());
-  if (!run_inline(device.index(), host.numel(), [&] { cpu_view(copy).copy_(host); })) {
+  if (!run_inline(device.index(), host.numel(), [&] { cpu_view(copy).copy_(host); }, "copy to device")) {
     queue_kernel(
         device.index(),
         [dst = kernel_operand(copy), src = kernel_operand(host)] { dst.copy_(src); },
@@ -187,6 +187,10 @@ namespace openreg::ffi {
 void run_kernel(Kernel& kernel) {
   KernelThreads threads;
   kernel.body();
+}
+
+::rust::Str kernel_name(const Kernel& kernel) {
+  return ::rust::Str(kernel.name);
 }
 
 ::rust::String describe_kernel(const Kernel& kernel) {

@@ -147,9 +147,10 @@ ffi::LaunchMode launch_mode_for(int64_t numel);
 // Runs `body` right here, as the next work of the current stream of
 // `device`, if `numel` is at most kInlineKernelElements and that stream is
 // idle (Note [Inline launches]); returns whether it did. The caller holds
-// its tensors meanwhile, so `body` may capture them by reference.
+// its tensors meanwhile, so `body` may capture them by reference. `name`
+// (a string that lives for the process) names it to the profiler.
 template <typename Body>
-bool run_inline(c10::DeviceIndex device, int64_t numel, Body&& body) {
+bool run_inline(c10::DeviceIndex device, int64_t numel, Body&& body, const char* name = "kernel") {
   if (numel > kInlineKernelElements || !checked([&] { return ffi::begin_inline_kernel(device); })) {
     return false;
   }
@@ -161,7 +162,13 @@ bool run_inline(c10::DeviceIndex device, int64_t numel, Body&& body) {
   } end_inline{device};
   DeviceAccess access;
   KernelThreads threads;
+  if (!ffi::profiler_active()) {
+    body();
+    return true;
+  }
+  const int64_t start = ffi::profiler_now_ns(); // Note [Profiler activities]
   body();
+  ffi::profiler_record_inline(name, device, start, ffi::profiler_now_ns());
   return true;
 }
 
@@ -170,7 +177,7 @@ bool run_inline(c10::DeviceIndex device, int64_t numel, Body&& body) {
 // here, without packaging it as a queued kernel.
 template <typename Body>
 void launch(c10::DeviceIndex device, Body&& body, ffi::LaunchMode mode, KernelInfo info = KernelInfo()) {
-  if (mode == ffi::LaunchMode::InlineIfIdle && run_inline(device, 0, body)) {
+  if (mode == ffi::LaunchMode::InlineIfIdle && run_inline(device, 0, body, info.name)) {
     return;
   }
   queue_kernel(device, std::forward<Body>(body), mode, std::move(info));
@@ -187,11 +194,11 @@ void launch(c10::DeviceIndex device, Body&& body, ffi::LaunchMode mode, KernelIn
 // wait of the runtime's own that CUDA would not make (a plan's first check,
 // Note [Meta results]), which is not reported.
 template <typename Body>
-void run_in_stream_order(c10::DeviceIndex device, rust::Str what, Body&& body) {
+void run_in_stream_order(c10::DeviceIndex device, rust::Str what, Body&& body, const char* name = "kernel") {
   if (!what.empty()) {
     checked([&] { ffi::check_host_sync(what); });
   }
-  if (run_inline(device, 0, body)) {
+  if (run_inline(device, 0, body, name)) {
     return;
   }
   std::exception_ptr failure;
@@ -204,7 +211,8 @@ void run_in_stream_order(c10::DeviceIndex device, rust::Str what, Body&& body) {
           failure = std::current_exception();
         }
       },
-      ffi::LaunchMode::Wait);
+      ffi::LaunchMode::Wait,
+      KernelInfo(name));
   if (failure) {
     std::rethrow_exception(failure);
   }

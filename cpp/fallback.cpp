@@ -311,7 +311,8 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Call call(op, stack);
   const c10::Device device = call.check_devices();
   c10::DeviceGuard guard(device);
-  if (run_inline(device.index(), call.largest_operand(), [&] { call.run_cpu_kernel_on_views(); })) {
+  const char* name = op.schema().name().c_str();
+  if (run_inline(device.index(), call.largest_operand(), [&] { call.run_cpu_kernel_on_views(); }, name)) {
     call.results_to_device(device);
     return;
   }
@@ -328,7 +329,7 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string what = lookup.to_check
       ? std::string()
       : op.schema().name() + " (the host waits for its results: a data-dependent shape or a host value)";
-  run_in_stream_order(device.index(), what, [&] { call.run_cpu_kernel_on_views(); });
+  run_in_stream_order(device.index(), what, [&] { call.run_cpu_kernel_on_views(); }, name);
   call.results_to_device(device);
   if (lookup.to_check) {
     check_plan(*lookup.to_check, call.arguments());

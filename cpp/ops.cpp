@@ -138,16 +138,16 @@ at::Tensor& set_source_storage_offset(
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   c10::DeviceGuard guard(self.device());
   at::Scalar value;
-  run_in_stream_order(self.device().index(), "Tensor.item() (_local_scalar_dense)", [&] {
-    value = at::native::_local_scalar_dense_cpu(cpu_view(self));
-  });
+  run_in_stream_order(
+      self.device().index(), "Tensor.item() (_local_scalar_dense)",
+      [&] { value = at::native::_local_scalar_dense_cpu(cpu_view(self)); }, "aten::_local_scalar_dense");
   return value;
 }
 
 at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
   c10::DeviceGuard guard(self.device());
   const c10::DeviceIndex device = self.device().index();
-  if (!run_inline(device, self.numel(), [&] { cpu_view(self).fill_(value); })) {
+  if (!run_inline(device, self.numel(), [&] { cpu_view(self).fill_(value); }, "aten::fill_")) {
     queue_kernel(
         device, [self = kernel_operand(self), value] { self.fill_(value); }, ffi::LaunchMode::Queue,
         KernelInfo("aten::fill_", {}, {self}));

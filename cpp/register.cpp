@@ -25,6 +25,7 @@ void register_backend() {
   register_ops();
   register_autocast();
   register_graphs();
+  register_profiler();
   registered.store(true);
 }
 

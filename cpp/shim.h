@@ -35,6 +35,7 @@ struct Kernel {
 
 void run_kernel(Kernel& kernel);
 ::rust::String describe_kernel(const Kernel& kernel);
+::rust::Str kernel_name(const Kernel& kernel);
 
 } // namespace openreg::ffi
 

@@ -261,14 +261,12 @@ pub extern "C" fn orLaunchHostFunc(stream: *const c_void, func: Option<HostFn>, 
         let s = stream_arg(stream)?;
         let func = func.ok_or_else(|| Error::invalid_value("orLaunchHostFunc: the host function is null"))?;
         let data = SendPtr(user_data);
-        s.submit_described(
-            Task::Run(Box::new(move || {
-                let data = data;
-                func(data.0);
-                Ok(())
-            })),
-            || "host function".to_string(),
-        )
+        let work: crate::graph::Work = Box::new(move || {
+            let data = data;
+            func(data.0);
+            Ok(())
+        });
+        s.submit_described(Task::Run(crate::profiler::timed("host function", s, work)), || "host function".to_string())
         .map(drop)
     })
 }
@@ -307,14 +305,12 @@ pub extern "C" fn orLaunchHostFuncOwned(
     guarded(move || {
         let s = stream_arg(stream)?;
         let func = func.ok_or_else(|| Error::invalid_value("orLaunchHostFuncOwned: the host function is null"))?;
-        s.submit_described(
-            Task::Run(Box::new(move || {
-                let owned = &owned; // the whole value: it is what is Send
-                func(owned.data.0);
-                Ok(())
-            })),
-            || "host function".to_string(),
-        )
+        let work: crate::graph::Work = Box::new(move || {
+            let owned = &owned; // the whole value: it is what is Send
+            func(owned.data.0);
+            Ok(())
+        });
+        s.submit_described(Task::Run(crate::profiler::timed("host function", s, work)), || "host function".to_string())
         .map(drop)
     })
 }

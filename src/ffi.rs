@@ -111,6 +111,16 @@ mod bridge {
         range: u64,
     }
 
+    /// A kernel's run, for the profiler (src/profiler.rs).
+    struct ProfiledActivity {
+        name: String,
+        device: i8,
+        stream: i64,
+        start_ns: i64,
+        end_ns: i64,
+        correlation: u64,
+    }
+
     /// A memory pool id, `c10::MempoolId_t`.
     struct PoolId {
         first: u64,
@@ -243,6 +253,18 @@ mod bridge {
         fn is_stream_capturing(device: i8, id: i64) -> Result<bool>;
         /// Whether the current stream of `device` is capturing a graph.
         fn is_current_stream_capturing(device: i8) -> Result<bool>;
+
+        // The profiler's device activity (src/profiler.rs).
+        fn profiler_start();
+        fn profiler_stop();
+        fn profiler_take() -> Vec<ProfiledActivity>;
+        fn profiler_active() -> bool;
+        fn profiler_now_ns() -> i64;
+        fn profiler_push_correlation(id: u64);
+        fn profiler_pop_correlation();
+        /// Records work that ran inline on the calling thread as an activity
+        /// of the current stream of `device`.
+        fn profiler_record_inline(name: &str, device: i8, start_ns: i64, end_ns: i64);
     }
 
     // C++ functions the Rust side calls.
@@ -261,6 +283,8 @@ mod bridge {
         fn run_kernel(kernel: Pin<&mut Kernel>) -> Result<()>;
         /// What `kernel` is and touches, for a graph's debug dump.
         fn describe_kernel(kernel: &Kernel) -> String;
+        /// Its name (an operator's, or what it does).
+        fn kernel_name(kernel: &Kernel) -> &str;
     }
 }
 
@@ -271,7 +295,7 @@ unsafe impl Send for bridge::Kernel {}
 
 pub use bridge::{backend_registered, emit_warning, register_backend};
 use bridge::{
-    Allocation, DeviceStatsFfi, Kernel, LaunchMode, MemoryInfo, PoolId, RandomElement, RandomFill, RandomKind, RandomSlice,
+    Allocation, DeviceStatsFfi, Kernel, LaunchMode, MemoryInfo, PoolId, ProfiledActivity, RandomElement, RandomFill, RandomKind, RandomSlice,
     StatArrayFfi, StatFfi,
 };
 use crate::graph::{CaptureMode, Graph};
@@ -583,10 +607,16 @@ fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMod
     } else {
         String::new()
     };
-    let task = stream::Task::Run(Box::new(move || {
+    let name = if crate::profiler::is_active() {
+        bridge::kernel_name(kernel.as_ref().expect("a launched kernel is never null")).to_string()
+    } else {
+        String::new()
+    };
+    let work: crate::graph::Work = Box::new(move || {
         let kernel = kernel.as_mut().expect("a launched kernel is never null");
         bridge::run_kernel(kernel).map_err(|e| crate::error::Error::invalid_value(e.what().to_string()))
-    }));
+    });
+    let task = stream::Task::Run(crate::profiler::timed(name, stream, work));
     match mode {
         LaunchMode::Wait => {
             let seq = stream.submit(task)?;
@@ -780,4 +810,55 @@ fn is_stream_capturing(device: i8, id: i64) -> Result<bool> {
 
 fn is_current_stream_capturing(device: i8) -> Result<bool> {
     Ok(stream::current(device.into())?.capture_pool() != 0)
+}
+
+fn profiler_start() {
+    crate::profiler::start()
+}
+
+fn profiler_stop() {
+    crate::profiler::stop()
+}
+
+fn profiler_take() -> Vec<ProfiledActivity> {
+    crate::profiler::take()
+        .into_iter()
+        .map(|a| ProfiledActivity {
+            name: a.name,
+            device: a.device,
+            stream: a.stream,
+            start_ns: a.start_ns,
+            end_ns: a.end_ns,
+            correlation: a.correlation,
+        })
+        .collect()
+}
+
+fn profiler_active() -> bool {
+    crate::profiler::is_active()
+}
+
+fn profiler_now_ns() -> i64 {
+    crate::profiler::now_ns()
+}
+
+fn profiler_push_correlation(id: u64) {
+    crate::profiler::push_correlation(id)
+}
+
+fn profiler_pop_correlation() {
+    crate::profiler::pop_correlation()
+}
+
+fn profiler_record_inline(name: &str, device: i8, start_ns: i64, end_ns: i64) {
+    let index = device::resolve(device.into());
+    let stream = device::check_index(index).map_or(0, stream::current_stream_id);
+    crate::profiler::record(crate::profiler::Activity {
+        name: name.to_string(),
+        device: index as i8,
+        stream,
+        start_ns,
+        end_ns: end_ns.max(start_ns),
+        correlation: crate::profiler::current_correlation(),
+    });
 }

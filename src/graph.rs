@@ -530,7 +530,12 @@ impl Executable {
             }
         }
         let graph = Arc::clone(self);
-        let seq = stream.submit(Task::Run(Box::new(move || graph.run(&draws))))?;
+        let replay = crate::profiler::timed(
+            format!("graph replay ({} nodes)", self.node_count),
+            stream,
+            Box::new(move || graph.run(&draws)),
+        );
+        let seq = stream.submit(Task::Run(replay))?;
         *last = Some((stream, seq));
         Ok(())
     }

@@ -20,6 +20,7 @@ pub mod memory_history;
 pub mod op_timeout;
 pub mod options;
 pub mod pinned;
+pub mod profiler;
 pub mod stream;
 pub mod sync_debug;
 pub mod utilization;

@@ -1,0 +1,104 @@
+"""torch.profiler on openreg: the Kineto activity profiler registered for
+PrivateUse1 (cpp/profiler.cpp) records each kernel where it runs (Note
+[Profiler activities] in src/profiler.rs), links it to the op that launched
+it, and puts each openreg stream on its own row of the trace."""
+
+import json
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+DEV = "openreg"
+BOTH = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
+
+
+def _kernels(trace_path):
+    with open(trace_path) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    rows = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    return events, kernels, rows
+
+
+def test_ops_get_device_time_and_no_time_is_negative():
+    """key_averages() charges each kernel's time to the op that launched it;
+    no duration is negative, the record_function range is there."""
+    x = torch.randn(256, 256, device=DEV)
+    with profile(activities=BOTH) as p:
+        with record_function("my_range"):
+            for _ in range(3):
+                (x @ x + 1).relu()
+        torch.openreg.synchronize()
+    averages = {e.key: e for e in p.key_averages()}
+    assert "my_range" in averages
+    for op in ("aten::mm", "aten::add", "aten::relu"):
+        assert averages[op].self_device_time_total > 0, op
+    assert all(e.self_device_time_total >= 0 and e.cpu_time_total >= 0 for e in p.key_averages())
+    assert all(evt.time_range.elapsed_us() >= 0 for evt in p.events())
+
+
+def test_queued_work_is_timed_where_it_runs(tmp_path):
+    """A 30 ms kernel queued on a busy stream is recorded with its own
+    duration, on the row of its stream, not the launch's few microseconds."""
+    s = torch.Stream(device=DEV)
+    with profile(activities=BOTH) as p:
+        with s:
+            torch.openreg._sleep(30)
+            y = torch.ones(1000, device=DEV) * 3
+        torch.openreg.synchronize()
+    path = tmp_path / "trace.json"
+    p.export_chrome_trace(str(path))
+    _, kernels, rows = _kernels(path)
+    sleeps = [k for k in kernels if k["name"] == "host function"]
+    assert sleeps and sleeps[0]["dur"] >= 29_000, sleeps
+    assert sleeps[0]["args"]["stream"] == s.stream_id
+    assert rows[(sleeps[0]["pid"], sleeps[0]["tid"])] == f"openreg:0 stream {s.stream_id}"
+    muls = [k for k in kernels if k["name"] == "aten::mul"]
+    assert muls and muls[0]["ts"] >= sleeps[0]["ts"] + sleeps[0]["dur"] - 1, "the queued mul ran before the sleep ended"
+    assert torch.equal(y.cpu(), torch.full((1000,), 3.0))
+
+
+def test_trace_json_parses_with_a_row_per_stream(tmp_path):
+    """export_chrome_trace() gives JSON with openreg kernels on one row per
+    stream used, each row named after its device and stream."""
+    s1, s2 = torch.Stream(device=DEV), torch.Stream(device=DEV)
+    x = torch.randn(64, 64, device=DEV)
+    with profile(activities=BOTH) as p:
+        for s in (s1, s2):
+            with s:
+                x @ x
+        torch.openreg.synchronize()
+    path = tmp_path / "trace.json"
+    p.export_chrome_trace(str(path))
+    _, kernels, rows = _kernels(path)
+    streams = {k["args"]["stream"] for k in kernels if k["name"] == "aten::mm"}
+    assert streams == {s1.stream_id, s2.stream_id}
+    names = {rows[(k["pid"], k["tid"])] for k in kernels if k["name"] == "aten::mm"}
+    assert names == {f"openreg:0 stream {s.stream_id}" for s in (s1, s2)}
+    assert all(k["dur"] >= 0 for k in kernels)
+
+
+def test_graph_replay_is_one_activity():
+    """A replayed graph shows as one kernel of the replaying stream."""
+    x = torch.zeros(100, device=DEV)
+    s, g = torch.Stream(device=DEV), torch.accelerator.Graph()
+    with s, g:
+        for _ in range(10):
+            x.add_(1)
+    with profile(activities=BOTH) as p:
+        g.replay()
+        torch.openreg.synchronize()
+    replays = [e for e in p.events() if e.name.startswith("graph replay")]
+    assert len(replays) == 1 and replays[0].name == "graph replay (10 nodes)"
+    assert torch.equal(x.cpu(), torch.full((100,), 10.0))
+
+
+def test_cpu_only_profiling_records_no_device_activity():
+    """Without ProfilerActivity.PrivateUse1 the runtime records nothing."""
+    x = torch.randn(64, 64, device=DEV)
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        x @ x
+        torch.openreg.synchronize()
+    assert all(e.self_device_time_total == 0 for e in p.key_averages())
