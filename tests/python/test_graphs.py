@@ -807,6 +807,42 @@ def test_host_sync_from_another_thread_during_capture(mode, name):
 # ---------------------------------------------------------------- threads
 
 
+def test_capture_and_replay_while_threads_share_the_default_stream():
+    """Captures under "thread_local" on a side stream, and replays, while
+    four threads run eager work with short-lived temporaries on the shared
+    default stream (their host syncs allowed): every result is exact."""
+    stop = threading.Event()
+
+    def eager_worker(seed):
+        def run():
+            a = torch.full((2048,), float(seed), device=DEV)
+            while not stop.is_set():
+                b = (a * 2 + 1) - a  # temporaries freed at once
+                assert b.sum().item() == (seed + 1) * 2048
+        return run
+
+    def capturer():
+        try:
+            for round_ in range(20):
+                x = torch.full((1000,), float(round_), device=DEV)
+                s, g = torch.Stream(device=DEV), Graph(capture_error_mode="thread_local")
+                with s, g:
+                    y = (x + 1) * 2
+                    x.add_(y)
+                for replay in range(3):
+                    g.replay()
+                expected = float(round_)
+                for _ in range(3):
+                    expected += (expected + 1) * 2
+                assert torch.equal(x.cpu(), torch.full((1000,), expected)), round_
+                g.reset()
+        finally:
+            stop.set()
+
+    errors = run_threads([capturer] + [eager_worker(seed) for seed in range(4)], timeout=120)
+    assert not errors, errors
+
+
 def test_two_graphs_replay_concurrently_from_two_threads():
     """CUDA: graphs are replayed from any thread on that thread's current
     stream; two threads each replaying their own graph many times on their
