@@ -177,16 +177,8 @@ fn capture_error(message: String) -> Error {
 }
 
 impl Capture {
-    pub fn device(&self) -> DeviceIndex {
-        self.device
-    }
-
     pub fn pool_key(&self) -> usize {
         self.pool_key
-    }
-
-    pub fn mode(&self) -> CaptureMode {
-        self.mode
     }
 
     /// Marks the capture as failed by `what` (the first offence wins) and
