@@ -99,6 +99,10 @@ int orStreamSynchronize(orStream_t stream);
  * with cudaStreamWaitEvent); a never-recorded event makes it wait for nothing. */
 int orStreamWaitEvent(orStream_t stream, orEvent_t event);
 int orLaunchHostFunc(orStream_t stream, orHostFn_t fn, void* user_data);
+/* orLaunchHostFunc, naming the function in errors about it (an op timeout
+ * names the kernel that ran too long). `name` must live for the process (a
+ * string literal); NULL names it "host function". */
+int orLaunchHostFuncNamed(orStream_t stream, orHostFn_t fn, void* user_data, const char* name);
 /* orLaunchHostFunc whose user data the runtime owns from the call on:
  * release(user_data) is called once `fn` will not run again: after its run,
  * when the graph that captured it is destroyed (a captured host function
@@ -157,7 +161,7 @@ int orInjectFault(const char* kind, uint64_t after);
 
 /* Op timeout: a synchronizing call gives up on a kernel that has run longer
  * than `ms` milliseconds (0: never) with orErrorNotReady and a message naming
- * the stream; the kernel keeps running. */
+ * the kernel and the stream; the kernel keeps running. */
 void orSetOpTimeoutMs(uint64_t ms);
 uint64_t orGetOpTimeoutMs(void);
 

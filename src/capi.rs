@@ -16,7 +16,7 @@ use crate::device;
 use crate::error::{Error, ErrorKind, Result};
 use crate::event::{handle, Event};
 use crate::options;
-use crate::stream::{self, StreamQueue, Task, HIGHEST_PRIORITY, LOWEST_PRIORITY};
+use crate::stream::{self, StreamQueue, Task, TaskName, HIGHEST_PRIORITY, LOWEST_PRIORITY};
 
 pub type OrError = c_int;
 pub const OR_SUCCESS: OrError = 0;
@@ -257,20 +257,37 @@ unsafe impl Send for SendPtr {}
 /// replay when the stream is capturing a graph).
 #[no_mangle]
 pub extern "C" fn orLaunchHostFunc(stream: *const c_void, func: Option<HostFn>, user_data: *mut c_void) -> OrError {
-    guarded(|| {
-        let s = stream_arg(stream)?;
-        let func = func.ok_or_else(|| Error::invalid_value("orLaunchHostFunc: the host function is null"))?;
-        let data = SendPtr(user_data);
-        s.submit_described(
-            Task::Run(Box::new(move || {
-                let data = data;
-                func(data.0);
-                Ok(())
-            })),
-            || "host function".to_string(),
-        )
-        .map(drop)
-    })
+    guarded(|| launch_host_func(stream, func, user_data, TaskName::kernel(c"host function"), "orLaunchHostFunc"))
+}
+
+/// `orLaunchHostFunc`, naming the function for errors about it (an op
+/// timeout: Note [Task names]). `name` must live for the process (a
+/// literal); null names it "host function".
+#[no_mangle]
+pub extern "C" fn orLaunchHostFuncNamed(
+    stream: *const c_void,
+    func: Option<HostFn>,
+    user_data: *mut c_void,
+    name: *const c_char,
+) -> OrError {
+    let name = match name.is_null() {
+        true => TaskName::kernel(c"host function"),
+        // SAFETY: the C contract: a non-null name lives for the process.
+        false => unsafe { TaskName::kernel_from_ptr(name) },
+    };
+    guarded(|| launch_host_func(stream, func, user_data, name, "orLaunchHostFuncNamed"))
+}
+
+fn launch_host_func(stream: *const c_void, func: Option<HostFn>, user_data: *mut c_void, name: TaskName, call: &str) -> Result<()> {
+    let s = stream_arg(stream)?;
+    let func = func.ok_or_else(|| Error::invalid_value(format!("{call}: the host function is null")))?;
+    let data = SendPtr(user_data);
+    let task = Task::Run(Box::new(move || {
+        let data = data;
+        func(data.0);
+        Ok(())
+    }));
+    s.submit_named(task, name, || name.text().into_owned()).map(drop)
 }
 
 /// Releases a host function's user data: called once, when the runtime is
@@ -307,15 +324,12 @@ pub extern "C" fn orLaunchHostFuncOwned(
     guarded(move || {
         let s = stream_arg(stream)?;
         let func = func.ok_or_else(|| Error::invalid_value("orLaunchHostFuncOwned: the host function is null"))?;
-        s.submit_described(
-            Task::Run(Box::new(move || {
-                let owned = &owned; // the whole value: it is what is Send
-                func(owned.data.0);
-                Ok(())
-            })),
-            || "host function".to_string(),
-        )
-        .map(drop)
+        let task = Task::Run(Box::new(move || {
+            let owned = &owned; // the whole value: it is what is Send
+            func(owned.data.0);
+            Ok(())
+        }));
+        s.submit_named(task, TaskName::kernel(c"host function"), || "host function".to_string()).map(drop)
     })
 }
 

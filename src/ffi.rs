@@ -259,6 +259,9 @@ mod bridge {
         /// replay, when a graph captured it).
         type Kernel;
         fn run_kernel(kernel: Pin<&mut Kernel>) -> Result<()>;
+        /// `kernel`'s name: a string that lives for the process (Note
+        /// [Task names] in src/stream.rs).
+        fn kernel_name(kernel: &Kernel) -> *const c_char;
         /// What `kernel` is and touches, for a graph's debug dump.
         fn describe_kernel(kernel: &Kernel) -> String;
     }
@@ -560,7 +563,7 @@ fn end_device_access() {
 }
 
 fn begin_inline_kernel(device: i8) -> Result<bool> {
-    Ok(stream::current(device.into())?.try_begin_inline())
+    Ok(stream::current(device.into())?.try_begin_inline(stream::TaskName::INLINE))
 }
 
 /// Ends what `begin_inline_kernel` began; the stream is the one reserved then
@@ -573,13 +576,16 @@ fn end_inline_kernel(device: i8) {
 
 fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMode) -> Result<()> {
     let stream = stream::current(device.into())?;
+    let kernel_ref = kernel.as_ref().expect("a launched kernel is never null");
+    // SAFETY: a kernel's name lives for the process (cpp/shim.h).
+    let name = unsafe { stream::TaskName::kernel_from_ptr(bridge::kernel_name(kernel_ref)) };
     if mode == LaunchMode::Wait {
         // The caller needs the result on the host now (Note [Capture modes]).
         crate::graph::check_not_capturing(stream, "a kernel the host waits for")?;
     }
     // Only a capturing stream asks, for its debug dump.
     let label = if stream.capture_pool() != 0 {
-        bridge::describe_kernel(kernel.as_ref().expect("a launched kernel is never null"))
+        bridge::describe_kernel(kernel_ref)
     } else {
         String::new()
     };
@@ -589,11 +595,11 @@ fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMod
     }));
     match mode {
         LaunchMode::Wait => {
-            let seq = stream.submit(task)?;
+            let seq = stream.submit_named(task, name, String::new)?;
             stream.wait_for(seq, true)
         }
-        LaunchMode::InlineIfIdle if label.is_empty() => stream.run_inline_or_submit(task),
-        _ => stream.submit_described(task, move || label).map(drop),
+        LaunchMode::InlineIfIdle if label.is_empty() => stream.run_inline_or_submit(task, name),
+        _ => stream.submit_named(task, name, move || label).map(drop),
     }
 }
 

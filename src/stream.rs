@@ -27,12 +27,20 @@
 //! stream never runs work inline; its counters do not move, so everything
 //! submitted before the capture still completes in order.
 //!
+//! Note [Task names]: each queued task carries a `TaskName`, so an op
+//! timeout can say which kernel has run too long. A C++ kernel's name is
+//! its `const char*` (an operator name such as "aten::mul", or a literal),
+//! which lives for the process; the queue keeps that pointer, and the
+//! running task's name, without copying, so naming costs a launch nothing.
+//! The text is read only when an error is built.
+//!
 //! Note [Idle workers]: a stream's worker thread is spawned by the first
 //! submission and exits after `OPENREG_WORKER_IDLE_MS` with nothing to do, so a
 //! process that touched a hundred streams keeps no hundred idle threads, and
 //! an idle worker sleeps on a condition variable at no CPU cost.
 
 use std::collections::VecDeque;
+use std::ffi::{c_char, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -75,14 +83,91 @@ pub enum Task {
     Timestamp { event: Arc<Event>, version: u64 },
 }
 
+/// What a task is called in errors (Note [Task names]): a kernel's name,
+/// or a phrase for work that is not a kernel. Two words, copied freely.
+#[derive(Clone, Copy, Debug)]
+pub struct TaskName {
+    /// A NUL-terminated string that lives for the process.
+    text: *const c_char,
+    kernel: bool,
+}
+
+// SAFETY: `text` points to immutable bytes that live for the process.
+unsafe impl Send for TaskName {}
+unsafe impl Sync for TaskName {}
+
+impl TaskName {
+    /// A task submitted without a name.
+    pub const UNNAMED: TaskName = TaskName::other(c"an unnamed task");
+    /// A kernel the shim runs on the caller's thread (Note [Inline launches]).
+    pub const INLINE: TaskName = TaskName::other(c"a kernel run inline by another thread");
+
+    /// The kernel called `name`.
+    pub const fn kernel(name: &'static CStr) -> TaskName {
+        TaskName { text: name.as_ptr(), kernel: true }
+    }
+
+    /// Work that is not a kernel, described by `phrase` ("a wait for …").
+    pub const fn other(phrase: &'static CStr) -> TaskName {
+        TaskName { text: phrase.as_ptr(), kernel: false }
+    }
+
+    /// The kernel called `name`; a null `name` reads as "kernel".
+    ///
+    /// # Safety
+    /// A non-null `name` is a NUL-terminated string that is never freed or
+    /// changed (a string literal, an operator's name).
+    pub unsafe fn kernel_from_ptr(name: *const c_char) -> TaskName {
+        match name.is_null() {
+            true => TaskName::kernel(c"kernel"),
+            false => TaskName { text: name, kernel: true },
+        }
+    }
+
+    /// The name alone: "aten::mul", "an unnamed task".
+    pub fn text(&self) -> std::borrow::Cow<'static, str> {
+        // SAFETY: per the constructors, `text` is a NUL-terminated string
+        // that lives for the process.
+        unsafe { CStr::from_ptr(self.text) }.to_string_lossy()
+    }
+}
+
+impl std::fmt::Display for TaskName {
+    /// `kernel "aten::mul"`, or the phrase of other work.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.kernel {
+            true => write!(f, "kernel {:?}", self.text()),
+            false => f.write_str(&self.text()),
+        }
+    }
+}
+
+impl Task {
+    /// The name of a task submitted without one.
+    fn default_name(&self) -> TaskName {
+        match self {
+            Task::Run(_) => TaskName::UNNAMED,
+            Task::WaitFor { .. } => TaskName::other(c"a wait for work of another stream (an event wait)"),
+            Task::Timestamp { .. } => TaskName::other(c"an event time stamp"),
+        }
+    }
+}
+
+/// What a stream is running now (Note [Op timeout]).
+#[derive(Clone, Copy)]
+struct Running {
+    since: Instant,
+    name: TaskName,
+}
+
 struct QueueState {
-    tasks: VecDeque<Task>,
+    tasks: VecDeque<(Task, TaskName)>,
     completed: u64,
     worker_running: bool,
     /// A task runs on a caller's thread (Note [Inline launches]).
     inline_running: bool,
-    /// When the task running now started (Note [Op timeout]).
-    running_since: Option<Instant>,
+    /// The task running now, and since when (Note [Op timeout]).
+    running: Option<Running>,
     shutting_down: bool,
     /// A task that panicked; reported by the next `synchronize`.
     deferred_error: Option<Error>,
@@ -121,7 +206,7 @@ impl StreamQueue {
                 completed: 0,
                 worker_running: false,
                 inline_running: false,
-                running_since: None,
+                running: None,
                 shutting_down: false,
                 deferred_error: None,
                 capture: None,
@@ -166,12 +251,13 @@ impl StreamQueue {
     /// A capturing stream records it instead (Note [Capturing streams]) and
     /// returns the current marker, which is already passed by then.
     pub fn submit(&'static self, task: Task) -> Result<u64> {
-        self.submit_described(task, String::new)
+        let name = task.default_name();
+        self.submit_named(task, name, String::new)
     }
 
-    /// `submit`, with a description of the task for a capture's debug dump
-    /// (called only then).
-    pub fn submit_described(&'static self, task: Task, describe: impl FnOnce() -> String) -> Result<u64> {
+    /// `submit`, naming the task for errors (Note [Task names]), with a
+    /// description of it for a capture's debug dump (called only then).
+    pub fn submit_named(&'static self, task: Task, name: TaskName, describe: impl FnOnce() -> String) -> Result<u64> {
         let seq = {
             let mut st = self.state.lock();
             if st.shutting_down {
@@ -182,7 +268,7 @@ impl StreamQueue {
                 capture.record(self, task, describe)?;
                 return Ok(self.marker());
             }
-            st.tasks.push_back(task);
+            st.tasks.push_back((task, name));
             if st.worker_running {
                 self.work_available.notify_one();
             } else {
@@ -222,13 +308,13 @@ impl StreamQueue {
         let mut st = self.state.lock();
         loop {
             if !st.inline_running {
-                if let Some(task) = st.tasks.pop_front() {
-                    st.running_since = Some(Instant::now());
+                if let Some((task, name)) = st.tasks.pop_front() {
+                    st.running = Some(Running { since: Instant::now(), name });
                     drop(st);
                     let is_kernel = matches!(task, Task::Run(_));
                     let outcome = catch_unwind(AssertUnwindSafe(|| run(task)));
                     st = self.state.lock();
-                    st.running_since = None;
+                    st.running = None;
                     if let Err(e) = self.flatten(outcome) {
                         st.deferred_error.get_or_insert(e);
                     }
@@ -261,9 +347,9 @@ impl StreamQueue {
 
     /// Runs `task` on the calling thread if the stream is idle, else queues
     /// it (Note [Inline launches]). An inline task's failure is returned.
-    pub fn run_inline_or_submit(&'static self, task: Task) -> Result<()> {
-        if !self.try_begin_inline() {
-            return self.submit(task).map(drop);
+    pub fn run_inline_or_submit(&'static self, task: Task, name: TaskName) -> Result<()> {
+        if !self.try_begin_inline(name) {
+            return self.submit_named(task, name, String::new).map(drop);
         }
         let outcome = catch_unwind(AssertUnwindSafe(|| run(task)));
         self.end_inline();
@@ -272,7 +358,8 @@ impl StreamQueue {
 
     /// Reserves the idle stream for work the caller runs itself; false if
     /// the stream is busy. A true result must be followed by `end_inline`.
-    pub fn try_begin_inline(&self) -> bool {
+    /// `name` names the work for an op timeout seen by another thread.
+    pub fn try_begin_inline(&self, name: TaskName) -> bool {
         let mut st = self.state.lock();
         if st.completed != self.marker() || st.shutting_down || st.capture.is_some() {
             return false;
@@ -280,7 +367,7 @@ impl StreamQueue {
         crate::utilization::stream_became_busy(self.device);
         self.count_submission(&st);
         st.inline_running = true;
-        st.running_since = Some(Instant::now());
+        st.running = Some(Running { since: Instant::now(), name });
         true
     }
 
@@ -297,7 +384,7 @@ impl StreamQueue {
     pub fn end_inline(&self) {
         let mut st = self.state.lock();
         self.maybe_inject_kernel_fault(&mut st);
-        st.running_since = None;
+        st.running = None;
         st.completed += 1;
         if st.completed == self.marker() {
             crate::utilization::stream_became_idle(self.device);
@@ -333,9 +420,9 @@ impl StreamQueue {
             match crate::op_timeout::limit().filter(|_| take_error) {
                 None => self.progress.wait(&mut st),
                 Some(limit) => {
-                    let started = st.running_since.unwrap_or_else(Instant::now);
-                    if started.elapsed() >= limit {
-                        return Err(self.timed_out(started.elapsed(), limit));
+                    let started = st.running.map_or_else(Instant::now, |r| r.since);
+                    if let Some(running) = st.running.filter(|r| r.since.elapsed() >= limit) {
+                        return Err(self.timed_out(running, limit));
                     }
                     self.progress.wait_until(&mut st, started + limit);
                 }
@@ -351,16 +438,22 @@ impl StreamQueue {
     }
 
     #[cold]
-    fn timed_out(&self, running: Duration, limit: Duration) -> Error {
+    fn timed_out(&self, running: Running, limit: Duration) -> Error {
         Error::new(
             ErrorKind::NotReady,
             format!(
-                "openreg op timeout: the kernel running on {self} has run for {} ms, longer than the {} ms of \
+                "openreg op timeout: {} running on {self} has run for {} ms, longer than the {} ms of \
                  torch.openreg.set_op_timeout_ms; the wait gave up (the kernel keeps running)",
-                running.as_millis(),
+                running.name,
+                running.since.elapsed().as_millis(),
                 limit.as_millis()
             ),
         )
+    }
+
+    /// The name of the task running now, if any (Note [Task names]).
+    pub fn running_task(&self) -> Option<TaskName> {
+        self.state.lock().running.map(|r| r.name)
     }
 
     /// The capture this stream records into, if it is capturing.

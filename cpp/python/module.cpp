@@ -224,7 +224,7 @@ static PyObject* sleep_kernel(PyObject* self, PyObject* arg) {
   int code;
   // Without the GIL: with OPENREG_LAUNCH_BLOCKING=1 the launch waits.
   Py_BEGIN_ALLOW_THREADS
-  code = orLaunchHostFunc(stream, sleep_on_stream, (void*)(intptr_t)(ms * 1e6));
+  code = orLaunchHostFuncNamed(stream, sleep_on_stream, (void*)(intptr_t)(ms * 1e6), "torch.openreg._sleep");
   Py_END_ALLOW_THREADS
   CHECK(code);
   Py_RETURN_NONE;
