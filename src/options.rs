@@ -65,6 +65,9 @@ pub struct Options {
     pub exit_drain_ms: u64,
     /// `OPENREG_SYNC_DEBUG`: the initial sync-debug mode (`crate::sync_debug`).
     pub sync_debug: SyncDebugMode,
+    /// `OPENREG_STREAM_POOL_SIZE`: streams in each priority's pool of a
+    /// device, 1..=MAX_STREAM_POOL_SIZE (Note [StreamId assignment]).
+    pub stream_pool_size: usize,
     /// The options whose variable was set, in the order read (`entries`
     /// reports each option's source from it).
     pub from_environment: Vec<&'static str>,
@@ -89,6 +92,13 @@ pub const DEFAULT_LOG_LEVEL: Level = Level::Warn;
 
 /// How long exit waits for queued work when `OPENREG_EXIT_DRAIN_MS` is unset.
 pub const DEFAULT_EXIT_DRAIN_MS: u64 = 500;
+
+/// Streams per priority pool when `OPENREG_STREAM_POOL_SIZE` is unset (CUDA's 32).
+pub const DEFAULT_STREAM_POOL_SIZE: usize = 32;
+
+/// The largest `OPENREG_STREAM_POOL_SIZE`: each pool stream costs a queue
+/// (a few hundred bytes) per device, its worker only while it has work.
+pub const MAX_STREAM_POOL_SIZE: usize = 1024;
 
 /// Each device's capacity when `OPENREG_DEVICE_MEMORY` is unset.
 pub const DEFAULT_DEVICE_MEMORY: usize = 4 << 30;
@@ -139,6 +149,12 @@ impl Options {
             sync_debug: r.read("OPENREG_SYNC_DEBUG", SyncDebugMode::Default, "one of default, warn, error", |s| {
                 parse_choice(s, &SyncDebugMode::NAMES)
             }),
+            stream_pool_size: r.read(
+                "OPENREG_STREAM_POOL_SIZE",
+                DEFAULT_STREAM_POOL_SIZE,
+                "an integer from 1 to 1024",
+                |s| parse_u64(s).filter(|n| (1..=MAX_STREAM_POOL_SIZE as u64).contains(n)).map(|n| n as usize),
+            ),
             from_environment: r.from_environment,
             invalid: r.invalid,
         }
@@ -241,6 +257,11 @@ impl Options {
                 name: "OPENREG_SYNC_DEBUG",
                 value: self.sync_debug.name().to_string(),
                 help: "initial set_sync_debug_mode: default, warn or error on host-blocking operations",
+            },
+            OptionEntry {
+                name: "OPENREG_STREAM_POOL_SIZE",
+                value: self.stream_pool_size.to_string(),
+                help: "streams in each priority's pool per device (1..=1024, default 32), handed out round-robin",
             },
         ]
     }
@@ -400,6 +421,20 @@ mod tests {
         assert_eq!(d.source("OPENREG_LOG"), "invalid");
         assert_eq!(d.exit_drain_ms, DEFAULT_EXIT_DRAIN_MS);
         assert_eq!(d.sync_debug, SyncDebugMode::Default);
+    }
+
+    #[test]
+    fn stream_pool_size_is_bounded() {
+        assert_eq!(parse(&[]).stream_pool_size, DEFAULT_STREAM_POOL_SIZE);
+        assert_eq!(parse(&[("OPENREG_STREAM_POOL_SIZE", "4")]).stream_pool_size, 4);
+        assert_eq!(parse(&[("OPENREG_STREAM_POOL_SIZE", "1024")]).stream_pool_size, MAX_STREAM_POOL_SIZE);
+        for bad in ["0", "1025", "-1", "many", "4.5"] {
+            let o = parse(&[("OPENREG_STREAM_POOL_SIZE", bad)]);
+            assert_eq!(invalid(&o), ["OPENREG_STREAM_POOL_SIZE"], "value {bad:?}");
+            assert_eq!(o.stream_pool_size, DEFAULT_STREAM_POOL_SIZE);
+            let message = o.check().unwrap_err().message;
+            assert!(message.contains(&format!("OPENREG_STREAM_POOL_SIZE={bad:?} (expected an integer from 1 to 1024)")), "{message}");
+        }
     }
 
     #[test]

@@ -3,9 +3,12 @@
 //!
 //! Note [StreamId assignment]: a stream is the value `(device, id)`.
 //! Id 0 is the device's default stream. Pool streams have ids
-//! `1 + level * STREAMS_PER_POOL + slot`, where `level` 0 holds the normal
-//! priority (0) and level 1 the high priority (-1), and `slot` is handed out
-//! round-robin. Ids outside that range name no stream and are rejected.
+//! `1 + level * pool_size() + slot`, where `level` 0 holds the normal
+//! priority (0) and level 1 the high priority (-1), and `slot` (0..pool_size())
+//! is handed out round-robin. `pool_size()` is `OPENREG_STREAM_POOL_SIZE`
+//! (default 32, as CUDA's pools), fixed for the process: options are read
+//! once, so an id means the same stream for the whole run. Ids outside
+//! `0..=2 * pool_size()` name no stream and are rejected.
 //!
 //! Note [Stream progress]: every submitted task gets the next sequence number
 //! (`submitted`); the worker bumps `completed` only after the task has run.
@@ -59,12 +62,23 @@ use crate::options::{self, MAX_DEVICES};
 pub type StreamId = i64;
 
 pub const DEFAULT_STREAM_ID: StreamId = 0;
-pub const STREAMS_PER_POOL: usize = 32;
 /// Priorities follow CUDA: a lower number is a higher priority.
 pub const LOWEST_PRIORITY: i32 = 0;
 pub const HIGHEST_PRIORITY: i32 = -1;
 const PRIORITY_LEVELS: usize = (LOWEST_PRIORITY - HIGHEST_PRIORITY) as usize + 1;
-const STREAMS_PER_DEVICE: usize = 1 + PRIORITY_LEVELS * STREAMS_PER_POOL;
+
+/// Streams in each priority's pool of a device (`OPENREG_STREAM_POOL_SIZE`;
+/// Note [StreamId assignment]).
+#[inline]
+pub fn pool_size() -> usize {
+    options::get().stream_pool_size
+}
+
+/// Streams of one device: the default stream and every pool's.
+#[inline]
+fn streams_per_device() -> usize {
+    1 + PRIORITY_LEVELS * pool_size()
+}
 
 /// A marker that lets the C ABI reject pointers that are not streams.
 const STREAM_MAGIC: u64 = 0x6f70_656e_7265_6753; // "openregS"
@@ -230,7 +244,7 @@ impl StreamQueue {
         if self.id == DEFAULT_STREAM_ID {
             LOWEST_PRIORITY
         } else {
-            LOWEST_PRIORITY - ((self.id - 1) as usize / STREAMS_PER_POOL) as i32
+            LOWEST_PRIORITY - ((self.id - 1) as usize / pool_size()) as i32
         }
     }
 
@@ -626,7 +640,7 @@ impl DeviceStreams {
     pub fn new(device: DeviceIndex) -> DeviceStreams {
         DeviceStreams {
             device,
-            streams: (0..STREAMS_PER_DEVICE as StreamId).map(|id| StreamQueue::new(device, id)).collect(),
+            streams: (0..streams_per_device() as StreamId).map(|id| StreamQueue::new(device, id)).collect(),
             next_slot: [const { AtomicUsize::new(0) }; PRIORITY_LEVELS],
         }
     }
@@ -642,8 +656,9 @@ impl DeviceStreams {
     /// handed out round-robin.
     pub fn from_pool(&'static self, priority: i32) -> &'static StreamQueue {
         let level = (LOWEST_PRIORITY - priority.clamp(HIGHEST_PRIORITY, LOWEST_PRIORITY)) as usize;
-        let slot = self.next_slot[level].fetch_add(1, Ordering::Relaxed) % STREAMS_PER_POOL;
-        &self.streams[1 + level * STREAMS_PER_POOL + slot]
+        let pool = pool_size();
+        let slot = self.next_slot[level].fetch_add(1, Ordering::Relaxed) % pool;
+        &self.streams[1 + level * pool + slot]
     }
 
     pub fn synchronize_all(&self) -> Result<()> {
@@ -678,13 +693,18 @@ impl DeviceStreams {
 fn invalid_stream(device: DeviceIndex, id: StreamId) -> Error {
     Error::new(
         ErrorKind::InvalidHandle,
-        format!("stream id {id} is not an openreg stream of device {device} (valid ids are 0..{})", STREAMS_PER_DEVICE - 1),
+        format!(
+            "stream id {id} is not an openreg stream of device {device} (valid ids are 0..={}: the default stream 0 \
+             and two pools of OPENREG_STREAM_POOL_SIZE={} streams)",
+            streams_per_device() - 1,
+            pool_size()
+        ),
     )
 }
 
 /// Validates a stream id without needing the device's context.
 pub fn check_stream_id(device: DeviceIndex, id: StreamId) -> Result<()> {
-    if (0..STREAMS_PER_DEVICE as StreamId).contains(&id) {
+    if (0..streams_per_device() as StreamId).contains(&id) {
         Ok(())
     } else {
         Err(invalid_stream(device, id))

@@ -364,6 +364,7 @@ BAD_OPTIONS = {
     "OPENREG_LOG": ("verbose", "one of error, warn, info, debug"),
     "OPENREG_EXIT_DRAIN_MS": ("forever", "a non-negative integer"),
     "OPENREG_SYNC_DEBUG": ("bogus", "one of default, warn, error"),
+    "OPENREG_STREAM_POOL_SIZE": ("1025", "an integer from 1 to 1024"),
 }
 
 INVALID_OPTIONS = script(
