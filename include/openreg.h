@@ -156,7 +156,8 @@ int orGetSyncDebugMode(void);
 /* Fault injection: `kind` "alloc", "kernel", "event" or "enumerate"; `after`
  * more operations of that kind succeed, the next one fails once with an
  * error saying it was injected (a kernel's failure is reported by the next
- * synchronize of its stream). */
+ * synchronize of its stream). The option OPENREG_FAULT=kind[:after] arms
+ * the same from the start of the process. */
 int orInjectFault(const char* kind, uint64_t after);
 
 /* Op timeout: a synchronizing call gives up on a kernel that has run longer

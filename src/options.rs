@@ -18,6 +18,7 @@
 use once_cell::sync::Lazy;
 
 use crate::error::{warn_once, Error, Result};
+use crate::fault::Fault;
 use crate::log::Level;
 use crate::sync_debug::SyncDebugMode;
 
@@ -68,6 +69,9 @@ pub struct Options {
     /// `OPENREG_STREAM_POOL_SIZE`: streams in each priority's pool of a
     /// device, 1..=MAX_STREAM_POOL_SIZE (Note [StreamId assignment]).
     pub stream_pool_size: usize,
+    /// `OPENREG_FAULT=kind[:after]`: a fault armed from the start of the
+    /// process (Note [Injected faults]); None when unset.
+    pub fault: Option<(Fault, u64)>,
     /// The options whose variable was set, in the order read (`entries`
     /// reports each option's source from it).
     pub from_environment: Vec<&'static str>,
@@ -154,6 +158,12 @@ impl Options {
                 DEFAULT_STREAM_POOL_SIZE,
                 "an integer from 1 to 1024",
                 |s| parse_u64(s).filter(|n| (1..=MAX_STREAM_POOL_SIZE as u64).contains(n)).map(|n| n as usize),
+            ),
+            fault: r.read(
+                "OPENREG_FAULT",
+                None,
+                "kind[:after], kind one of alloc, kernel, event, enumerate and after a non-negative integer",
+                |s| Fault::parse_option(s).map(Some),
             ),
             from_environment: r.from_environment,
             invalid: r.invalid,
@@ -262,6 +272,14 @@ impl Options {
                 name: "OPENREG_STREAM_POOL_SIZE",
                 value: self.stream_pool_size.to_string(),
                 help: "streams in each priority's pool per device (1..=1024, default 32), handed out round-robin",
+            },
+            OptionEntry {
+                name: "OPENREG_FAULT",
+                value: match self.fault {
+                    Some((fault, after)) => format!("{}:{after}", fault.name()),
+                    None => String::new(),
+                },
+                help: "kind[:after]: the (after+1)-th alloc, kernel, event or enumerate of the process fails once (fault injection; unset: none)",
             },
         ]
     }
@@ -438,6 +456,22 @@ mod tests {
     }
 
     #[test]
+    fn fault_option() {
+        assert_eq!(parse(&[]).fault, None);
+        assert_eq!(parse(&[("OPENREG_FAULT", "kernel:2")]).fault, Some((Fault::Kernel, 2)));
+        assert_eq!(parse(&[("OPENREG_FAULT", " ALLOC ")]).fault, Some((Fault::Alloc, 0)));
+        let o = parse(&[("OPENREG_FAULT", "disk:1")]);
+        assert_eq!((o.fault, invalid(&o)), (None, vec!["OPENREG_FAULT"]));
+        assert!(o.check().unwrap_err().message.contains(
+            "OPENREG_FAULT=\"disk:1\" (expected kind[:after], kind one of alloc, kernel, event, enumerate and after a \
+             non-negative integer)"
+        ));
+        let entry = |o: &Options| o.entries().into_iter().find(|e| e.name == "OPENREG_FAULT").unwrap().value;
+        assert_eq!(entry(&parse(&[("OPENREG_FAULT", "Event")])), "event:0");
+        assert_eq!(entry(&parse(&[])), "");
+    }
+
+    #[test]
     fn sizes() {
         let size = |v: &str| parse(&[("OPENREG_DEVICE_MEMORY", v)]).device_memory;
         assert_eq!(size("4096"), 4096);
@@ -498,6 +532,7 @@ mod tests {
         let names = |choices: &[&str]| format!("one of {}", choices.join(", "));
         assert_eq!(accepted("OPENREG_LOG"), names(&Level::NAMES.map(|(n, _)| n)));
         assert_eq!(accepted("OPENREG_SYNC_DEBUG"), names(&SyncDebugMode::NAMES.map(|(n, _)| n)));
+        assert!(accepted("OPENREG_FAULT").contains(&names(&Fault::NAMES.map(|(n, _)| n))));
     }
 
     #[test]

@@ -106,7 +106,8 @@ def _inject_fault(kind: str, after: int = 0) -> None:
     allocation raises ``torch.OutOfMemoryError``), ``"kernel"`` (a kernel is
     reported failed by its stream's next synchronizing call), ``"event"`` (an
     event record raises) or ``"enumerate"`` (``device_count()`` reports 0).
-    The runtime stays usable after each."""
+    The runtime stays usable after each. The option
+    ``OPENREG_FAULT=kind[:after]`` arms the same from the start of the process."""
     if not isinstance(kind, str):
         raise TypeError(f"_inject_fault: kind must be a str, got {kind!r}")
     if not isinstance(after, int) or isinstance(after, bool) or after < 0:
