@@ -93,7 +93,7 @@ fn main() {
     // inside the library (no PLT hop) — they are on the device-guard hot path.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
 
-    for path in sources.iter().chain(&["cpp/shim.h", "cpp/checked.h", "cpp/backend.h", "cpp/device_memory.h", "cpp/meta_results.h", "cpp/ivalue_tensors.h", "cpp/generator.h", "cpp/graph_kernels.h", "src/ffi.rs"]) {
+    for path in sources.iter().chain(&["cpp/shim.h", "cpp/checked.h", "cpp/backend.h", "cpp/device_memory.h", "cpp/meta_results.h", "cpp/ivalue_tensors.h", "cpp/generator.h", "cpp/graph_kernels.h", "cpp/memory_generation.h", "src/ffi.rs"]) {
         println!("cargo:rerun-if-changed={path}");
     }
     for var in ["OPENREG_TORCH_DIR", "OPENREG_TORCH_CXX11_ABI", "PYTHON"] {

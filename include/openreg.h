@@ -32,6 +32,8 @@ typedef enum orError {
   orErrorMemoryAllocation = 7,
   /* Not permitted while a stream captures a graph, or the capture failed. */
   orErrorStreamCapture = 8,
+  /* The device is stopped (orDeviceStop) and accepts no new work. */
+  orErrorDeviceStopped = 9,
 } orError_t;
 
 typedef struct orStream_st* orStream_t;
@@ -143,6 +145,20 @@ const char* orGetOptions(void);
  * exit; later device work fails. Idempotent. At process exit the runtime
  * does this itself, waiting at most OPENREG_EXIT_DRAIN_MS for queued work. */
 int orFinalize(void);
+
+/* Stopping and restarting a device, to test a program's handling of a
+ * device that goes away. orDeviceStop abandons the work queued on the
+ * device's streams that has not started (each stream's next synchronize
+ * reports it; a kernel already running finishes) and makes new work for the
+ * device fail with orErrorDeviceStopped (launches, allocations, event
+ * records; waits, queries and frees still work). orDeviceRestart makes it
+ * accept work again; memory allocated on it before the restart stays mapped
+ * until freed but cannot be used by kernels (orErrorInvalidValue, naming
+ * it). Stopping a stopped device or restarting a running one is
+ * orErrorInvalidValue. */
+int orDeviceStop(int device);
+int orDeviceRestart(int device);
+int orDeviceIsStopped(int device, int* stopped);
 
 /* Diagnostics. */
 /* Percent (0..100) of the last second during which a stream of `device` had work. */

@@ -78,6 +78,7 @@ pub extern "C" fn orGetErrorString(error: OrError) -> *const c_char {
         6 => c"no openreg device is available",
         7 => c"out of device memory",
         8 => c"operation not permitted during graph capture (or the capture failed)",
+        9 => c"the device is stopped (orDeviceStop); orDeviceRestart brings it back",
         _ => c"unknown error code",
     };
     text.as_ptr()
@@ -579,6 +580,25 @@ pub extern "C" fn orSetSyncDebugMode(mode: c_int) -> OrError {
 #[no_mangle]
 pub extern "C" fn orGetSyncDebugMode() -> c_int {
     crate::sync_debug::mode() as c_int
+}
+
+/// Stops `device` (Note [Stopped devices]): its queued work is abandoned
+/// (reported by each stream's next synchronize) and new work for it fails
+/// with `orErrorDeviceStopped` until `orDeviceRestart`.
+#[no_mangle]
+pub extern "C" fn orDeviceStop(device: c_int) -> OrError {
+    guarded(|| crate::device_stop::stop(device.into()).map(drop))
+}
+
+/// Brings back a stopped `device`; its memory allocated before is unusable.
+#[no_mangle]
+pub extern "C" fn orDeviceRestart(device: c_int) -> OrError {
+    guarded(|| crate::device_stop::restart(device.into()))
+}
+
+#[no_mangle]
+pub extern "C" fn orDeviceIsStopped(device: c_int, stopped: *mut c_int) -> OrError {
+    guarded(|| put(stopped, crate::device_stop::is_stopped(device::check_index(device.into())?) as c_int))
 }
 
 /// Releases the runtime now, in priority order (drains and stops the

@@ -189,6 +189,11 @@ mod bridge {
         fn begin_device_access();
         fn end_device_access();
 
+        /// Fails if `ptr` is device memory allocated before its device's
+        /// restart (Note [Device memory generations] in src/allocator.rs);
+        /// the shim calls it when `openreg_memory_is_current` said no.
+        fn check_device_memory(ptr: usize) -> Result<()>;
+
         // Kernels: run `kernel` on the current stream of `device`.
         fn launch_kernel(device: i8, kernel: UniquePtr<Kernel>, mode: LaunchMode) -> Result<()>;
         /// If the current stream of `device` is idle, reserves it for a
@@ -302,6 +307,19 @@ pub extern "C" fn openreg_guard_exchange_device(index: i8) -> i8 {
 #[no_mangle]
 pub extern "C" fn openreg_guard_unchecked_set_device(index: i8) {
     device::unchecked_set_device(index.into())
+}
+
+/// Whether device memory at `ptr` may be used (Note [Device memory
+/// generations]): one atomic load unless a device was restarted while
+/// tensors of it were alive. Outside cxx for the same reason as the guard's
+/// functions: it runs for every device operand of every kernel.
+#[no_mangle]
+pub extern "C" fn openreg_memory_is_current(ptr: usize) -> bool {
+    allocator::is_current(ptr)
+}
+
+fn check_device_memory(ptr: usize) -> Result<()> {
+    allocator::check_current(ptr)
 }
 
 fn device_count() -> i8 {

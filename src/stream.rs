@@ -277,6 +277,8 @@ impl StreamQueue {
             if st.shutting_down {
                 return Err(Error::invalid_value(format!("{self} is shut down: the runtime is finalizing")));
             }
+            // Under the lock: Note [Stopped devices] in device_stop.rs.
+            crate::device_stop::check_running(self.device)?;
             if let Some(capture) = st.capture.clone() {
                 drop(st);
                 capture.record(self, task, describe)?;
@@ -375,8 +377,8 @@ impl StreamQueue {
     /// `name` names the work for an op timeout seen by another thread.
     pub fn try_begin_inline(&self, name: TaskName) -> bool {
         let mut st = self.state.lock();
-        if st.completed != self.marker() || st.shutting_down || st.capture.is_some() {
-            return false;
+        if st.completed != self.marker() || st.shutting_down || st.capture.is_some() || crate::device_stop::is_stopped(self.device) {
+            return false; // a stopped device's error comes from `submit`
         }
         crate::utilization::stream_became_busy(self.device);
         self.count_submission(&st);
@@ -553,26 +555,27 @@ impl StreamQueue {
     }
 
     /// Gives up the queued tasks that have not started (Note [Bounded exit
-    /// drain] in lifecycle.rs) and returns how many. They are leaked, not
-    /// dropped: what they captured may need an interpreter that is going
-    /// away. They count as completed, so no waiter hangs; the stream's next
-    /// synchronize reports them.
-    pub(crate) fn abandon_queued(&self) -> usize {
+    /// drain] in lifecycle.rs, Note [Stopped devices] in device_stop.rs) and
+    /// returns them, for the caller to drop or leak outside the stream's
+    /// lock (what they captured may take other locks when dropped, or need
+    /// an interpreter that is going away). They count as completed, so no
+    /// waiter hangs; the stream's next synchronize reports them, saying
+    /// `why` ("at exit").
+    pub(crate) fn abandon_queued(&self, why: &str) -> Vec<Task> {
         let mut st = self.state.lock();
-        let abandoned = std::mem::take(&mut st.tasks);
+        let abandoned: Vec<Task> = std::mem::take(&mut st.tasks).into_iter().map(|(task, _)| task).collect();
         let count = abandoned.len();
-        std::mem::forget(abandoned);
         if count == 0 {
-            return 0;
+            return abandoned;
         }
         st.completed += count as u64;
         st.deferred_error
-            .get_or_insert_with(|| Error::invalid_value(format!("{self}: {count} queued kernels were abandoned at exit")));
+            .get_or_insert_with(|| Error::invalid_value(format!("{self}: {count} queued kernels were abandoned {why}")));
         if st.completed == self.marker() {
             crate::utilization::stream_became_idle(self.device);
         }
         self.progress.notify_all();
-        count
+        abandoned
     }
 
     /// Drains the queue and stops the worker (runtime finalization), waiting
@@ -672,9 +675,10 @@ impl DeviceStreams {
         self.streams.iter().all(|s| s.wait_until(s.marker(), deadline))
     }
 
-    /// Abandons every stream's queued tasks; returns how many there were.
-    pub(crate) fn abandon_all(&self) -> usize {
-        self.streams.iter().map(StreamQueue::abandon_queued).sum()
+    /// Abandons every stream's queued tasks, saying `why`; returns them
+    /// (see `StreamQueue::abandon_queued`).
+    pub(crate) fn abandon_all(&self, why: &str) -> Vec<Task> {
+        self.streams.iter().flat_map(|s| s.abandon_queued(why)).collect()
     }
 
     /// Stops every worker, waiting until `deadline` at most; returns whether
