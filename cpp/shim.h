@@ -43,10 +43,8 @@ inline const char* kernel_name(const Kernel& kernel) noexcept {
 
 } // namespace openreg::ffi
 
-// The guard's hot path, outside cxx: see Note [Guard hot path] in src/ffi.rs.
+// Outside cxx: see Note [Guard hot path] in src/ffi.rs.
 extern "C" {
-int8_t openreg_guard_current_device() noexcept;
-int8_t openreg_guard_exchange_device(int8_t index) noexcept;
 void openreg_guard_unchecked_set_device(int8_t index) noexcept;
 // See Note [Device memory generations] in src/allocator.rs.
 bool openreg_memory_is_current(uintptr_t ptr) noexcept;

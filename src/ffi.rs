@@ -285,23 +285,13 @@ use bridge::{
 use crate::graph::{CaptureMode, Graph};
 
 // Note [Guard hot path]: a c10::DeviceGuard costs an exchange and a restore
-// of the current device. These three run as plain C functions rather than
-// through cxx, whose per-call unwind guard costs about as much as the work:
-// they cannot panic (a const-initialized thread-local `Cell`) and report a
-// bad index by return value, after which the shim calls the bridge's
-// `exchange_device` for the full error. Declared in cpp/shim.h.
-
-/// This thread's current device.
-#[no_mangle]
-pub extern "C" fn openreg_guard_current_device() -> i8 {
-    device::current_device()
-}
-
-/// Exchanges the current device; -1 (and no change) for an invalid index.
-#[no_mangle]
-pub extern "C" fn openreg_guard_exchange_device(index: i8) -> i8 {
-    device::exchange_device(index.into()).unwrap_or(-1)
-}
+// of the current device. The guard (cpp/guard.cpp) does both inline on the
+// current-device slot, a C++ initial-exec thread-local (Note [Current device
+// slot] in cpp/current_device.h), for any index below the device count; only
+// an invalid index comes here: through the bridge's `exchange_device` for
+// the full error, or through this plain C function from the `noexcept`
+// uncheckedSetDevice (cxx's per-call unwind guard is not needed: it cannot
+// panic). Declared in cpp/shim.h.
 
 /// Restores a device; an invalid index is ignored with a one-time warning.
 #[no_mangle]
