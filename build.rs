@@ -55,6 +55,7 @@ fn main() {
 
     let sources = [
         "cpp/guard.cpp",
+        "cpp/current_device.cpp",
         "cpp/hooks.cpp",
         "cpp/register.cpp",
         "cpp/allocator.cpp",
@@ -78,6 +79,11 @@ fn main() {
         .include(&include)
         .include(include.join("kineto")) // cpp/profiler.cpp
         .define("_GLIBCXX_USE_CXX11_ABI", torch.cxx11_abi.as_str())
+        // As the wheel itself and every extension setuptools builds are
+        // compiled: torch's TORCH_INTERNAL_ASSERT_DEBUG_ONLY checks are off.
+        // (With them on, each c10::Device made costs an out-of-line call:
+        // two per device-guard round trip, Note [Current device slot].)
+        .define("NDEBUG", None)
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-unused-function")
         // GCC 12 misreads c10::List<std::optional<at::Tensor>> (torch's own
@@ -95,7 +101,7 @@ fn main() {
     // inside the library (no PLT hop) — they are on the device-guard hot path.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
 
-    for path in sources.iter().chain(&["cpp/shim.h", "cpp/checked.h", "cpp/backend.h", "cpp/device_memory.h", "cpp/meta_results.h", "cpp/ivalue_tensors.h", "cpp/generator.h", "cpp/graph_kernels.h", "src/ffi.rs"]) {
+    for path in sources.iter().chain(&["cpp/shim.h", "cpp/checked.h", "cpp/backend.h", "cpp/device_memory.h", "cpp/meta_results.h", "cpp/ivalue_tensors.h", "cpp/generator.h", "cpp/graph_kernels.h", "cpp/memory_generation.h", "cpp/current_device.h", "src/ffi.rs"]) {
         println!("cargo:rerun-if-changed={path}");
     }
     for var in ["OPENREG_TORCH_DIR", "OPENREG_TORCH_CXX11_ABI", "PYTHON"] {

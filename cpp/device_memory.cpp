@@ -15,6 +15,7 @@
 
 #include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/checked.h"
+#include "torch_openreg/cpp/memory_generation.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 // The OpenMP runtime PyTorch loaded (libtorch_cpu needs it), reached without
@@ -30,6 +31,7 @@ at::Tensor cpu_view(const at::Tensor& t) {
   TORCH_CHECK(
       t.layout() == c10::kStrided, "openreg supports strided tensors only, got layout ", t.layout());
   const c10::Storage& storage = t.storage();
+  check_memory_generation(storage);
   c10::Storage alias(
       c10::Storage::use_byte_size_t(),
       storage.nbytes(),
@@ -53,6 +55,7 @@ at::Tensor scratch_cpu_view(const at::Tensor& t, size_t slot) {
     return fresh;
   }
   const c10::Storage& storage = t.storage();
+  check_memory_generation(storage);
   c10::StorageImpl* alias = impl->storage().unsafeGetStorageImpl();
   alias->set_data_ptr_noswap(c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)));
   alias->set_nbytes(storage.nbytes());
@@ -187,10 +190,6 @@ namespace openreg::ffi {
 void run_kernel(Kernel& kernel) {
   KernelThreads threads;
   kernel.body();
-}
-
-::rust::Str kernel_name(const Kernel& kernel) {
-  return ::rust::Str(kernel.name);
 }
 
 ::rust::String describe_kernel(const Kernel& kernel) {

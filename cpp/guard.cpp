@@ -1,10 +1,13 @@
 // openreg's c10::impl::DeviceGuardImplInterface: every method forwards to the
 // Rust runtime through the bridge. Contracts are quoted from the interface.
+#include <atomic>
+
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/checked.h"
+#include "torch_openreg/cpp/current_device.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 namespace openreg {
@@ -31,6 +34,45 @@ c10::DeviceIndex index_of(const c10::Device& device) {
   return device.has_index() ? device.index() : ffi::current_device();
 }
 
+// The guard's hot path (Note [Current device slot] in current_device.h):
+// exchanging and restoring the current device of a valid index is a check
+// against the device count, known here once the first slow call has read it
+// (it is fixed once options are read: Note [Invalid options]), and two
+// accesses to the slot. Everything else (the first call, a wrong device
+// type, an invalid index) takes the out-of-line slow path, so the fast path
+// saves no registers and builds no stack frame.
+std::atomic<uint8_t> known_device_count{0}; // 0 until read: every index is slow
+
+// Whether `index` is below the known device count (negatives wrap around).
+inline bool is_known_device(c10::DeviceIndex index) {
+  return static_cast<uint8_t>(index) < known_device_count.load(std::memory_order_relaxed);
+}
+
+C10_NOINLINE void learn_device_count() {
+  known_device_count.store(static_cast<uint8_t>(ffi::device_count()), std::memory_order_relaxed);
+}
+
+C10_NOINLINE c10::Device exchange_device_slow(c10::Device device) {
+  check_device_type(device, "exchangeDevice");
+  learn_device_count();
+  const c10::DeviceIndex index = device.index();
+  if (!is_known_device(index)) {
+    checked([&] { ffi::exchange_device(index); }); // throws the reason
+  }
+  const c10::DeviceIndex previous = current_device_slot;
+  current_device_slot = index;
+  return c10::Device(kOpenReg, previous);
+}
+
+C10_NOINLINE void unchecked_set_device_slow(c10::DeviceIndex index) noexcept {
+  learn_device_count();
+  if (is_known_device(index)) {
+    current_device_slot = index;
+  } else {
+    openreg_guard_unchecked_set_device(index); // warns once
+  }
+}
+
 uintptr_t event_handle(const void* event) {
   return reinterpret_cast<uintptr_t>(event);
 }
@@ -40,18 +82,19 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return kOpenReg;
   }
 
-  // See Note [Guard hot path] in src/ffi.rs.
+  // The current device is the C++ slot of Note [Current device slot]
+  // (cpp/current_device.h); see also Note [Guard hot path] in src/ffi.rs.
   c10::Device exchangeDevice(c10::Device device) const override {
-    check_device_type(device, "exchangeDevice");
-    c10::DeviceIndex previous = openreg_guard_exchange_device(device.index());
-    if (C10_UNLIKELY(previous < 0)) {
-      previous = checked([&] { return ffi::exchange_device(device.index()); }); // throws the reason
+    if (C10_UNLIKELY(device.type() != kOpenReg || !is_known_device(device.index()))) {
+      return exchange_device_slow(device);
     }
+    const c10::DeviceIndex previous = current_device_slot;
+    current_device_slot = device.index();
     return c10::Device(kOpenReg, previous);
   }
 
   c10::Device getDevice() const override {
-    return c10::Device(kOpenReg, openreg_guard_current_device());
+    return c10::Device(kOpenReg, current_device_slot);
   }
 
   void setDevice(c10::Device device) const override {
@@ -61,7 +104,11 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   // REQUIRED to not raise: an invalid device is ignored with a one-time warning.
   void uncheckedSetDevice(c10::Device device) const noexcept override {
-    openreg_guard_unchecked_set_device(device.index());
+    if (C10_LIKELY(is_known_device(device.index()))) {
+      current_device_slot = device.index();
+    } else {
+      unchecked_set_device_slow(device.index());
+    }
   }
 
   c10::Stream getStream(c10::Device device) const override {

@@ -26,7 +26,9 @@ struct KernelBuffer {
 
 // A C++ closure queued on a stream; the stream's worker runs it once, or
 // once per replay when a graph captured it (so it must not consume what it
-// captured). `name` and `buffers` describe it for a graph's debug dump.
+// captured). `name` and `buffers` describe it for a graph's debug dump;
+// `name` (a string that lives for the process: an operator's name or a
+// literal) also names it in an op timeout (Note [Task names] in src/stream.rs).
 struct Kernel {
   std::function<void()> body;
   const char* name = "kernel";
@@ -34,14 +36,16 @@ struct Kernel {
 };
 
 void run_kernel(Kernel& kernel);
+inline const char* kernel_name(const Kernel& kernel) noexcept {
+  return kernel.name;
+}
 ::rust::String describe_kernel(const Kernel& kernel);
-::rust::Str kernel_name(const Kernel& kernel);
 
 } // namespace openreg::ffi
 
-// The guard's hot path, outside cxx: see Note [Guard hot path] in src/ffi.rs.
+// Outside cxx: see Note [Guard hot path] in src/ffi.rs.
 extern "C" {
-int8_t openreg_guard_current_device() noexcept;
-int8_t openreg_guard_exchange_device(int8_t index) noexcept;
 void openreg_guard_unchecked_set_device(int8_t index) noexcept;
+// See Note [Device memory generations] in src/allocator.rs.
+bool openreg_memory_is_current(uintptr_t ptr) noexcept;
 }

@@ -32,6 +32,8 @@ typedef enum orError {
   orErrorMemoryAllocation = 7,
   /* Not permitted while a stream captures a graph, or the capture failed. */
   orErrorStreamCapture = 8,
+  /* The device is stopped (orDeviceStop) and accepts no new work. */
+  orErrorDeviceStopped = 9,
 } orError_t;
 
 typedef struct orStream_st* orStream_t;
@@ -99,6 +101,10 @@ int orStreamSynchronize(orStream_t stream);
  * with cudaStreamWaitEvent); a never-recorded event makes it wait for nothing. */
 int orStreamWaitEvent(orStream_t stream, orEvent_t event);
 int orLaunchHostFunc(orStream_t stream, orHostFn_t fn, void* user_data);
+/* orLaunchHostFunc, naming the function in errors about it (an op timeout
+ * names the kernel that ran too long). `name` must live for the process (a
+ * string literal); NULL names it "host function". */
+int orLaunchHostFuncNamed(orStream_t stream, orHostFn_t fn, void* user_data, const char* name);
 /* orLaunchHostFunc whose user data the runtime owns from the call on:
  * release(user_data) is called once `fn` will not run again: after its run,
  * when the graph that captured it is destroyed (a captured host function
@@ -140,6 +146,20 @@ const char* orGetOptions(void);
  * does this itself, waiting at most OPENREG_EXIT_DRAIN_MS for queued work. */
 int orFinalize(void);
 
+/* Stopping and restarting a device, to test a program's handling of a
+ * device that goes away. orDeviceStop abandons the work queued on the
+ * device's streams that has not started (each stream's next synchronize
+ * reports it; a kernel already running finishes) and makes new work for the
+ * device fail with orErrorDeviceStopped (launches, allocations, event
+ * records; waits, queries and frees still work). orDeviceRestart makes it
+ * accept work again; memory allocated on it before the restart stays mapped
+ * until freed but cannot be used by kernels (orErrorInvalidValue, naming
+ * it). Stopping a stopped device or restarting a running one is
+ * orErrorInvalidValue. */
+int orDeviceStop(int device);
+int orDeviceRestart(int device);
+int orDeviceIsStopped(int device, int* stopped);
+
 /* Diagnostics. */
 /* Percent (0..100) of the last second during which a stream of `device` had work. */
 int orDeviceGetUtilization(int device, int* percent);
@@ -152,12 +172,13 @@ int orGetSyncDebugMode(void);
 /* Fault injection: `kind` "alloc", "kernel", "event" or "enumerate"; `after`
  * more operations of that kind succeed, the next one fails once with an
  * error saying it was injected (a kernel's failure is reported by the next
- * synchronize of its stream). */
+ * synchronize of its stream). The option OPENREG_FAULT=kind[:after] arms
+ * the same from the start of the process. */
 int orInjectFault(const char* kind, uint64_t after);
 
 /* Op timeout: a synchronizing call gives up on a kernel that has run longer
  * than `ms` milliseconds (0: never) with orErrorNotReady and a message naming
- * the stream; the kernel keeps running. */
+ * the kernel and the stream; the kernel keeps running. */
 void orSetOpTimeoutMs(uint64_t ms);
 uint64_t orGetOpTimeoutMs(void);
 

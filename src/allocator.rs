@@ -36,9 +36,26 @@
 //! may share one, `retain_pool`); once released, its free segments are
 //! unmapped like any cached segment, and blocks still allocated from it
 //! (a graph's outputs the user kept) free into it and go the same way.
+//!
+//! Note [Device memory generations]: a device restart (Note [Stopped
+//! devices] in device_stop.rs) begins a new generation of its memory. Each
+//! allocation records the generation it was made in; one made before the
+//! restart is stale, and the shim refuses to make a CPU view of stale
+//! memory (`cpp/memory_generation.h`, called where device tensors become CPU
+//! views for kernels), so using a tensor from before a restart raises an
+//! error naming it instead of computing on it. Stale memory stays mapped
+//! until its tensor frees it: a kernel still running from before the stop,
+//! or a view some code still holds, never touches unmapped memory, which
+//! would crash the process. Freed, a stale block is an ordinary free block
+//! (a later allocation records the new generation). The restart unmaps the
+//! cached segments no queued kernel can still touch, without waiting.
+//! Checking costs one atomic load while no stale allocation is live
+//! (`STALE_ALLOCATIONS`, every device together); only then is the address
+//! looked up.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -175,6 +192,9 @@ struct Block {
     uses: Vec<&'static StreamQueue>,
     /// Who allocated it, while memory history records stacks.
     frames: Frames,
+    /// The device memory generation it was allocated in (Note [Device
+    /// memory generations]); meaningless while free.
+    generation: u64,
 }
 
 impl Block {
@@ -280,6 +300,9 @@ struct State {
     /// Live graph pools (Note [Graph pools]); `pools_made` numbers them.
     graph_pools: HashMap<crate::graph::MempoolId, GraphPool>,
     pools_made: usize,
+    /// The current memory generation: the number of device restarts
+    /// (Note [Device memory generations]).
+    generation: u64,
 }
 
 /// Why an allocation failed: the C++ side raises `torch.OutOfMemoryError`
@@ -513,6 +536,7 @@ impl State {
             next: None,
             uses: Vec::new(),
             frames: None,
+            generation: 0,
         });
         self.segments.insert(base, Segment { size, pool, stream, owner, first, last_free: 0 });
         self.stats.segment.increase(pool, 1);
@@ -537,6 +561,9 @@ impl DeviceAllocator {
     pub fn malloc(&self, size: usize, stream: &'static StreamQueue) -> std::result::Result<usize, AllocError> {
         if size == 0 {
             return Ok(0);
+        }
+        if let Err(error) = crate::device_stop::check_running(self.device) {
+            return Err(AllocError { error, out_of_memory: false });
         }
         if crate::fault::strikes(crate::fault::Fault::Alloc) {
             let what = format!("allocating {size} bytes on openreg device {} failed", self.device);
@@ -581,6 +608,7 @@ impl DeviceAllocator {
                 next,
                 uses: Vec::new(),
                 frames: None,
+                generation: 0,
             });
             st.block_mut(id).next = Some(rest);
             if let Some(next) = next {
@@ -588,10 +616,12 @@ impl DeviceAllocator {
             }
             st.add_free(rest);
         }
+        let generation = st.generation;
         let block = st.block_mut(id);
         block.state = BlockState::Allocated;
         block.requested = size;
         block.frames = frames.clone();
+        block.generation = generation;
         let got = block.size;
         st.note(TraceEntry::new(Action::Alloc, ptr, got, stream.id(), frames));
         st.allocated.insert(ptr, id);
@@ -684,7 +714,11 @@ impl DeviceAllocator {
         let frames = memory_history::current().filter(|s| s.free_stacks).and_then(|_| memory_history::capture());
         let mut st = self.state.lock();
         let id = st.allocated.remove(&ptr)?;
+        let generation = st.generation;
         let block = st.block_mut(id);
+        if block.generation != generation {
+            STALE_ALLOCATIONS.fetch_sub(1, Ordering::AcqRel);
+        }
         let (pool, size, requested, stream) = (block.pool, block.size, block.requested, block.stream.id());
         let markers: Vec<_> = block.uses.iter().map(|s| (*s, s.marker())).filter(|(s, seq)| !s.has_completed(*seq)).collect();
         if markers.is_empty() {
@@ -731,6 +765,37 @@ impl DeviceAllocator {
         wait_unlocked(&mut st, waits);
         st.process_pending();
         st.release_cached_segments(|_| true);
+    }
+
+    /// Begins a new memory generation (a device restart): every live
+    /// allocation becomes stale, and the cached segments no queued kernel
+    /// can touch are unmapped, without waiting (Note [Device memory
+    /// generations]).
+    pub fn begin_generation(&self) {
+        let mut st = self.state.lock();
+        st.generation += 1;
+        STALE_ALLOCATIONS.fetch_add(st.allocated.len(), Ordering::AcqRel);
+        st.process_pending();
+        st.release_cached_segments(|_| true);
+    }
+
+    /// The error for `ptr` if it is a live allocation of an earlier
+    /// generation of this device; `None` for anything else.
+    fn stale_error(&self, ptr: usize) -> Option<Error> {
+        let st = self.state.lock();
+        let block = st.block(*st.allocated.get(&ptr)?);
+        (block.generation != st.generation).then(|| {
+            let device = self.device;
+            Error::new(
+                ErrorKind::InvalidValue,
+                format!(
+                    "this openreg tensor's memory ({} bytes at {ptr:#x}) was allocated on device {device} before \
+                     torch.openreg.restart_device({device}); memory from before a device restart cannot be used: \
+                     create the tensor again",
+                    block.requested
+                ),
+            )
+        })
     }
 
     /// One more graph uses the pool `id` (created on first use); returns
@@ -891,6 +956,29 @@ fn human(bytes: usize) -> String {
         format!("{bytes} bytes")
     } else {
         format!("{value:.2} {}", UNITS[unit])
+    }
+}
+
+/// Live allocations made before their device's last restart, on every
+/// device (Note [Device memory generations]).
+static STALE_ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether `ptr` (an allocation's start, or any other address) may be used:
+/// false only for a live allocation from before its device's restart. One
+/// atomic load unless stale allocations are live.
+#[inline]
+pub fn is_current(ptr: usize) -> bool {
+    STALE_ALLOCATIONS.load(Ordering::Acquire) == 0 || check_current(ptr).is_ok()
+}
+
+/// `is_current`, with the error naming the allocation and its device.
+pub fn check_current(ptr: usize) -> Result<()> {
+    if STALE_ALLOCATIONS.load(Ordering::Acquire) == 0 || ptr == 0 {
+        return Ok(());
+    }
+    match crate::device::existing_contexts().find_map(|ctx| ctx.allocator.stale_error(ptr)) {
+        Some(error) => Err(error),
+        None => Ok(()),
     }
 }
 

@@ -16,7 +16,7 @@ use crate::device;
 use crate::error::{Error, ErrorKind, Result};
 use crate::event::{handle, Event};
 use crate::options;
-use crate::stream::{self, StreamQueue, Task, HIGHEST_PRIORITY, LOWEST_PRIORITY};
+use crate::stream::{self, StreamQueue, Task, TaskName, HIGHEST_PRIORITY, LOWEST_PRIORITY};
 
 pub type OrError = c_int;
 pub const OR_SUCCESS: OrError = 0;
@@ -78,6 +78,7 @@ pub extern "C" fn orGetErrorString(error: OrError) -> *const c_char {
         6 => c"no openreg device is available",
         7 => c"out of device memory",
         8 => c"operation not permitted during graph capture (or the capture failed)",
+        9 => c"the device is stopped (orDeviceStop); orDeviceRestart brings it back",
         _ => c"unknown error code",
     };
     text.as_ptr()
@@ -257,18 +258,38 @@ unsafe impl Send for SendPtr {}
 /// replay when the stream is capturing a graph).
 #[no_mangle]
 pub extern "C" fn orLaunchHostFunc(stream: *const c_void, func: Option<HostFn>, user_data: *mut c_void) -> OrError {
-    guarded(|| {
-        let s = stream_arg(stream)?;
-        let func = func.ok_or_else(|| Error::invalid_value("orLaunchHostFunc: the host function is null"))?;
-        let data = SendPtr(user_data);
-        let work: crate::graph::Work = Box::new(move || {
-            let data = data;
-            func(data.0);
-            Ok(())
-        });
-        s.submit_described(Task::Run(crate::profiler::timed("host function", s, work)), || "host function".to_string())
-        .map(drop)
-    })
+    guarded(|| launch_host_func(stream, func, user_data, TaskName::kernel(c"host function"), "orLaunchHostFunc"))
+}
+
+/// `orLaunchHostFunc`, naming the function for errors about it (an op
+/// timeout: Note [Task names]). `name` must live for the process (a
+/// literal); null names it "host function".
+#[no_mangle]
+pub extern "C" fn orLaunchHostFuncNamed(
+    stream: *const c_void,
+    func: Option<HostFn>,
+    user_data: *mut c_void,
+    name: *const c_char,
+) -> OrError {
+    let name = match name.is_null() {
+        true => TaskName::kernel(c"host function"),
+        // SAFETY: the C contract: a non-null name lives for the process.
+        false => unsafe { TaskName::kernel_from_ptr(name) },
+    };
+    guarded(|| launch_host_func(stream, func, user_data, name, "orLaunchHostFuncNamed"))
+}
+
+fn launch_host_func(stream: *const c_void, func: Option<HostFn>, user_data: *mut c_void, name: TaskName, call: &str) -> Result<()> {
+    let s = stream_arg(stream)?;
+    let func = func.ok_or_else(|| Error::invalid_value(format!("{call}: the host function is null")))?;
+    let data = SendPtr(user_data);
+    let work: crate::graph::Work = Box::new(move || {
+        let data = data;
+        func(data.0);
+        Ok(())
+    });
+    let task = Task::Run(crate::profiler::timed(name.text().into_owned(), s, work));
+    s.submit_named(task, name, || name.text().into_owned()).map(drop)
 }
 
 /// Releases a host function's user data: called once, when the runtime is
@@ -310,8 +331,8 @@ pub extern "C" fn orLaunchHostFuncOwned(
             func(owned.data.0);
             Ok(())
         });
-        s.submit_described(Task::Run(crate::profiler::timed("host function", s, work)), || "host function".to_string())
-        .map(drop)
+        let task = Task::Run(crate::profiler::timed("host function", s, work));
+        s.submit_named(task, TaskName::kernel(c"host function"), || "host function".to_string()).map(drop)
     })
 }
 
@@ -561,6 +582,25 @@ pub extern "C" fn orSetSyncDebugMode(mode: c_int) -> OrError {
 #[no_mangle]
 pub extern "C" fn orGetSyncDebugMode() -> c_int {
     crate::sync_debug::mode() as c_int
+}
+
+/// Stops `device` (Note [Stopped devices]): its queued work is abandoned
+/// (reported by each stream's next synchronize) and new work for it fails
+/// with `orErrorDeviceStopped` until `orDeviceRestart`.
+#[no_mangle]
+pub extern "C" fn orDeviceStop(device: c_int) -> OrError {
+    guarded(|| crate::device_stop::stop(device.into()).map(drop))
+}
+
+/// Brings back a stopped `device`; its memory allocated before is unusable.
+#[no_mangle]
+pub extern "C" fn orDeviceRestart(device: c_int) -> OrError {
+    guarded(|| crate::device_stop::restart(device.into()))
+}
+
+#[no_mangle]
+pub extern "C" fn orDeviceIsStopped(device: c_int, stopped: *mut c_int) -> OrError {
+    guarded(|| put(stopped, crate::device_stop::is_stopped(device::check_index(device.into())?) as c_int))
 }
 
 /// Releases the runtime now, in priority order (drains and stops the

@@ -1,17 +1,19 @@
 //! Devices: how many there are, which one is current on this thread, and
 //! their lazily created contexts.
 //!
-//! Note [Current device]: the current device is a per-thread `Cell`, so
-//! reading or exchanging it takes no lock, allocation or syscall. Setting the
-//! device that is already current changes nothing (and creates no context),
-//! which keeps `c10::DeviceGuard` round trips to the same device free.
+//! Note [Current device]: the current device is a per-thread value, so
+//! reading or exchanging it takes no lock, allocation or syscall. It lives in
+//! C++, in an initial-exec thread-local that the device guard reaches inline
+//! (Note [Current device slot] in cpp/current_device.h); this module reads
+//! and writes that one slot through its two accessors. Setting the device
+//! that is already current changes nothing (and creates no context), which
+//! keeps `c10::DeviceGuard` round trips to the same device free.
 //!
 //! Note [Contexts]: a device's context (its streams) is created on first use
 //! of a resource of that device — a stream operation, an event record, a
 //! synchronize — not by making the device current. `has_primary_context`
 //! reports whether that happened, and never creates one itself.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
@@ -90,8 +92,23 @@ pub struct DeviceContext {
     pub allocator: DeviceAllocator,
 }
 
-thread_local! {
-    static CURRENT_DEVICE: Cell<DeviceIndex> = const { Cell::new(0) };
+// The current-device slot (Note [Current device slot] in
+// cpp/current_device.h), defined in cpp/current_device.cpp.
+extern "C" {
+    fn openreg_current_device_get() -> DeviceIndex;
+    fn openreg_current_device_set(index: DeviceIndex);
+}
+
+#[inline]
+fn slot() -> DeviceIndex {
+    // SAFETY: reads this thread's slot; cannot fail.
+    unsafe { openreg_current_device_get() }
+}
+
+#[inline]
+fn set_slot(index: DeviceIndex) {
+    // SAFETY: writes this thread's slot; cannot fail.
+    unsafe { openreg_current_device_set(index) }
 }
 
 static CONTEXTS: [OnceLock<DeviceContext>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
@@ -130,7 +147,7 @@ fn invalid_device(index: i64, count: usize) -> Error {
 /// This thread's current device. A thread starts on device 0.
 #[inline]
 pub fn current_device() -> DeviceIndex {
-    CURRENT_DEVICE.with(Cell::get)
+    slot()
 }
 
 /// `index`, or this thread's current device when `index` is -1 (PyTorch's
@@ -148,7 +165,7 @@ pub fn resolve(index: i64) -> i64 {
 #[inline]
 pub fn set_device(index: i64) -> Result<()> {
     let index = check_index(index)?;
-    CURRENT_DEVICE.with(|c| c.set(index));
+    set_slot(index);
     Ok(())
 }
 
@@ -156,14 +173,16 @@ pub fn set_device(index: i64) -> Result<()> {
 #[inline]
 pub fn exchange_device(index: i64) -> Result<DeviceIndex> {
     let index = check_index(index)?;
-    Ok(CURRENT_DEVICE.with(|c| c.replace(index)))
+    let previous = slot();
+    set_slot(index);
+    Ok(previous)
 }
 
 /// For `noexcept` callers: an invalid index leaves the device unchanged and
 /// warns once instead of failing.
 pub fn unchecked_set_device(index: i64) {
     match check_index(index) {
-        Ok(index) => CURRENT_DEVICE.with(|c| c.set(index)),
+        Ok(index) => set_slot(index),
         Err(e) => crate::error::warn_once(&format!("uncheckedSetDevice ignored: {e}")),
     }
 }

@@ -20,6 +20,8 @@ pub enum ErrorKind {
     /// Not permitted during graph capture, or a capture that failed
     /// (`cudaErrorStreamCapture*`).
     StreamCapture = 8,
+    /// The device is stopped (`orDeviceStop`; Note [Stopped devices]).
+    DeviceStopped = 9,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -91,6 +91,7 @@ impl Event {
                 self.device
             )));
         }
+        crate::device_stop::check_running(self.device)?;
         if crate::fault::strikes(crate::fault::Fault::Event) {
             return Err(crate::fault::error(crate::fault::Fault::Event, &format!("recording an event on {stream} failed")));
         }

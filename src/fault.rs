@@ -1,11 +1,16 @@
-//! Fault injection (`torch.openreg._inject_fault(kind, after=N)`): lets
-//! users test their error handling without a failing device.
+//! Fault injection (`torch.openreg._inject_fault(kind, after=N)`, or the
+//! option `OPENREG_FAULT=kind[:after]`): lets users test their error
+//! handling without a failing device.
 //!
 //! Note [Injected faults]: each kind of fault has a countdown. Arming it with
 //! `after = N` lets N more operations of that kind succeed; the next one
-//! fails, once, and the countdown is disarmed again. Every injected failure
-//! is an ordinary runtime error whose message says it was injected, and the
-//! runtime stays usable after it:
+//! fails, once, and the countdown is disarmed again. `OPENREG_FAULT` arms
+//! its kind before the process's first operation that could fail (the first
+//! check or injection arms it, once), so `after` counts from the start of
+//! the process, the operations the runtime makes for itself included. Every
+//! injected failure is an ordinary runtime error whose message says it was
+//! injected and by what (the function or the option), and the runtime stays
+//! usable after it:
 //! - `Alloc`: a device allocation fails as out of memory (`torch.OutOfMemoryError`);
 //! - `Kernel`: a kernel (queued or run inline) is reported failed after it
 //!   ran, like a CUDA sticky error: the stream's next synchronizing call raises;
@@ -13,7 +18,8 @@
 //! - `Enumerate`: the device count (`orGetDeviceCount`) reports 0 devices.
 //! Disarmed, a check is one relaxed atomic load.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Once;
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -41,19 +47,51 @@ impl Fault {
     pub fn name(self) -> &'static str {
         Fault::NAMES[self as usize].0
     }
+
+    /// `OPENREG_FAULT`'s text, `kind[:after]` (kind case-insensitive;
+    /// `after` 0 when left out), or None if it is not that.
+    pub fn parse_option(text: &str) -> Option<(Fault, u64)> {
+        let (kind, after) = match text.split_once(':') {
+            Some((kind, after)) => (kind, after.parse().ok()?),
+            None => (text, 0),
+        };
+        Fault::NAMES.iter().find(|(name, _)| name.eq_ignore_ascii_case(kind)).map(|(_, fault)| (*fault, after))
+    }
 }
 
 /// Per kind: 0 disarmed, else 1 + the operations still allowed to succeed.
 static COUNTDOWNS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 
+/// Per kind: whether `OPENREG_FAULT` armed it (else `_inject_fault` did).
+static BY_OPTION: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
+
+/// Arms what `OPENREG_FAULT` asks for, the first time any fault is checked
+/// or injected (Note [Injected faults]). After that, one atomic load.
+#[inline]
+fn arm_from_option() {
+    static ARMED: Once = Once::new();
+    ARMED.call_once(|| {
+        if let Some((fault, after)) = crate::options::get().fault {
+            arm(fault, after, true);
+        }
+    });
+}
+
+fn arm(fault: Fault, after: u64, by_option: bool) {
+    BY_OPTION[fault as usize].store(by_option, Ordering::Relaxed);
+    COUNTDOWNS[fault as usize].store(after.saturating_add(1), Ordering::Release);
+}
+
 /// Arms `fault`: `after` more operations succeed, the next one fails.
 pub fn inject(fault: Fault, after: u64) {
-    COUNTDOWNS[fault as usize].store(after.saturating_add(1), Ordering::Release);
+    arm_from_option();
+    arm(fault, after, false);
 }
 
 /// Called by each operation of kind `fault`: whether this one must fail.
 #[inline]
 pub fn strikes(fault: Fault) -> bool {
+    arm_from_option();
     let countdown = &COUNTDOWNS[fault as usize];
     if countdown.load(Ordering::Relaxed) == 0 {
         return false;
@@ -65,7 +103,11 @@ pub fn strikes(fault: Fault) -> bool {
 /// fails as out of memory).
 pub fn error(fault: Fault, what: &str) -> Error {
     let kind = if fault == Fault::Alloc { ErrorKind::OutOfMemory } else { ErrorKind::InvalidValue };
-    Error::new(kind, format!("injected fault ({}): {what} (torch.openreg._inject_fault)", fault.name()))
+    let by = match BY_OPTION[fault as usize].load(Ordering::Relaxed) {
+        true => "OPENREG_FAULT",
+        false => "torch.openreg._inject_fault",
+    };
+    Error::new(kind, format!("injected fault ({}): {what} ({by})", fault.name()))
 }
 
 #[cfg(test)]
@@ -81,5 +123,15 @@ mod tests {
         assert!(strikes(Fault::Event));
         assert!(!strikes(Fault::Event));
         assert!(Fault::from_name("disk").unwrap_err().message.contains("alloc, kernel, event, enumerate"));
+    }
+
+    #[test]
+    fn option_text() {
+        assert_eq!(Fault::parse_option("alloc"), Some((Fault::Alloc, 0)));
+        assert_eq!(Fault::parse_option("Kernel:3"), Some((Fault::Kernel, 3)));
+        assert_eq!(Fault::parse_option("enumerate:0"), Some((Fault::Enumerate, 0)));
+        for bad in ["disk", "alloc:", "alloc:-1", "alloc:x", ":2", "event:1:2", "alloc 2"] {
+            assert_eq!(Fault::parse_option(bad), None, "{bad:?}");
+        }
     }
 }

@@ -199,6 +199,11 @@ mod bridge {
         fn begin_device_access();
         fn end_device_access();
 
+        /// Fails if `ptr` is device memory allocated before its device's
+        /// restart (Note [Device memory generations] in src/allocator.rs);
+        /// the shim calls it when `openreg_memory_is_current` said no.
+        fn check_device_memory(ptr: usize) -> Result<()>;
+
         // Kernels: run `kernel` on the current stream of `device`.
         fn launch_kernel(device: i8, kernel: UniquePtr<Kernel>, mode: LaunchMode) -> Result<()>;
         /// If the current stream of `device` is idle, reserves it for a
@@ -281,10 +286,11 @@ mod bridge {
         /// replay, when a graph captured it).
         type Kernel;
         fn run_kernel(kernel: Pin<&mut Kernel>) -> Result<()>;
+        /// `kernel`'s name: a string that lives for the process (Note
+        /// [Task names] in src/stream.rs).
+        fn kernel_name(kernel: &Kernel) -> *const c_char;
         /// What `kernel` is and touches, for a graph's debug dump.
         fn describe_kernel(kernel: &Kernel) -> String;
-        /// Its name (an operator's, or what it does).
-        fn kernel_name(kernel: &Kernel) -> &str;
     }
 }
 
@@ -301,28 +307,31 @@ use bridge::{
 use crate::graph::{CaptureMode, Graph};
 
 // Note [Guard hot path]: a c10::DeviceGuard costs an exchange and a restore
-// of the current device. These three run as plain C functions rather than
-// through cxx, whose per-call unwind guard costs about as much as the work:
-// they cannot panic (a const-initialized thread-local `Cell`) and report a
-// bad index by return value, after which the shim calls the bridge's
-// `exchange_device` for the full error. Declared in cpp/shim.h.
-
-/// This thread's current device.
-#[no_mangle]
-pub extern "C" fn openreg_guard_current_device() -> i8 {
-    device::current_device()
-}
-
-/// Exchanges the current device; -1 (and no change) for an invalid index.
-#[no_mangle]
-pub extern "C" fn openreg_guard_exchange_device(index: i8) -> i8 {
-    device::exchange_device(index.into()).unwrap_or(-1)
-}
+// of the current device. The guard (cpp/guard.cpp) does both inline on the
+// current-device slot, a C++ initial-exec thread-local (Note [Current device
+// slot] in cpp/current_device.h), for any index below the device count; only
+// an invalid index comes here: through the bridge's `exchange_device` for
+// the full error, or through this plain C function from the `noexcept`
+// uncheckedSetDevice (cxx's per-call unwind guard is not needed: it cannot
+// panic). Declared in cpp/shim.h.
 
 /// Restores a device; an invalid index is ignored with a one-time warning.
 #[no_mangle]
 pub extern "C" fn openreg_guard_unchecked_set_device(index: i8) {
     device::unchecked_set_device(index.into())
+}
+
+/// Whether device memory at `ptr` may be used (Note [Device memory
+/// generations]): one atomic load unless a device was restarted while
+/// tensors of it were alive. Outside cxx for the same reason as the guard's
+/// functions: it runs for every device operand of every kernel.
+#[no_mangle]
+pub extern "C" fn openreg_memory_is_current(ptr: usize) -> bool {
+    allocator::is_current(ptr)
+}
+
+fn check_device_memory(ptr: usize) -> Result<()> {
+    allocator::check_current(ptr)
 }
 
 fn device_count() -> i8 {
@@ -584,7 +593,7 @@ fn end_device_access() {
 }
 
 fn begin_inline_kernel(device: i8) -> Result<bool> {
-    Ok(stream::current(device.into())?.try_begin_inline())
+    Ok(stream::current(device.into())?.try_begin_inline(stream::TaskName::INLINE))
 }
 
 /// Ends what `begin_inline_kernel` began; the stream is the one reserved then
@@ -597,33 +606,32 @@ fn end_inline_kernel(device: i8) {
 
 fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMode) -> Result<()> {
     let stream = stream::current(device.into())?;
+    let kernel_ref = kernel.as_ref().expect("a launched kernel is never null");
+    // SAFETY: a kernel's name lives for the process (cpp/shim.h).
+    let name = unsafe { stream::TaskName::kernel_from_ptr(bridge::kernel_name(kernel_ref)) };
     if mode == LaunchMode::Wait {
         // The caller needs the result on the host now (Note [Capture modes]).
         crate::graph::check_not_capturing(stream, "a kernel the host waits for")?;
     }
     // Only a capturing stream asks, for its debug dump.
     let label = if stream.capture_pool() != 0 {
-        bridge::describe_kernel(kernel.as_ref().expect("a launched kernel is never null"))
+        bridge::describe_kernel(kernel_ref)
     } else {
         String::new()
     };
-    let name = if crate::profiler::is_active() {
-        bridge::kernel_name(kernel.as_ref().expect("a launched kernel is never null")).to_string()
-    } else {
-        String::new()
-    };
+    let profiled_name = if crate::profiler::is_active() { name.text().into_owned() } else { String::new() };
     let work: crate::graph::Work = Box::new(move || {
         let kernel = kernel.as_mut().expect("a launched kernel is never null");
         bridge::run_kernel(kernel).map_err(|e| crate::error::Error::invalid_value(e.what().to_string()))
     });
-    let task = stream::Task::Run(crate::profiler::timed(name, stream, work));
+    let task = stream::Task::Run(crate::profiler::timed(profiled_name, stream, work));
     match mode {
         LaunchMode::Wait => {
-            let seq = stream.submit(task)?;
+            let seq = stream.submit_named(task, name, String::new)?;
             stream.wait_for(seq, true)
         }
-        LaunchMode::InlineIfIdle if label.is_empty() => stream.run_inline_or_submit(task),
-        _ => stream.submit_described(task, move || label).map(drop),
+        LaunchMode::InlineIfIdle if label.is_empty() => stream.run_inline_or_submit(task, name),
+        _ => stream.submit_named(task, name, move || label).map(drop),
     }
 }
 

@@ -7,6 +7,7 @@
 pub mod allocator;
 pub mod capi;
 pub mod device;
+pub mod device_stop;
 pub mod error;
 pub mod event;
 pub mod fault;

@@ -175,7 +175,11 @@ pub fn prepare_host_exit() {
         let deadline = exit_deadline();
         let drained = device::existing_contexts().fold(true, |all, ctx| ctx.streams.drain_all(deadline) && all);
         if !drained {
-            let abandoned: usize = device::existing_contexts().map(|ctx| ctx.streams.abandon_all()).sum();
+            let tasks: Vec<_> = device::existing_contexts().flat_map(|ctx| ctx.streams.abandon_all("at exit")).collect();
+            let abandoned = tasks.len();
+            // Leaked, not dropped: what they captured may need the host's
+            // interpreter, which is about to finalize.
+            std::mem::forget(tasks);
             log::once(
                 log::Level::Warn,
                 &format!(

@@ -18,6 +18,7 @@
 use once_cell::sync::Lazy;
 
 use crate::error::{warn_once, Error, Result};
+use crate::fault::Fault;
 use crate::log::Level;
 use crate::sync_debug::SyncDebugMode;
 
@@ -65,6 +66,12 @@ pub struct Options {
     pub exit_drain_ms: u64,
     /// `OPENREG_SYNC_DEBUG`: the initial sync-debug mode (`crate::sync_debug`).
     pub sync_debug: SyncDebugMode,
+    /// `OPENREG_STREAM_POOL_SIZE`: streams in each priority's pool of a
+    /// device, 1..=MAX_STREAM_POOL_SIZE (Note [StreamId assignment]).
+    pub stream_pool_size: usize,
+    /// `OPENREG_FAULT=kind[:after]`: a fault armed from the start of the
+    /// process (Note [Injected faults]); None when unset.
+    pub fault: Option<(Fault, u64)>,
     /// The options whose variable was set, in the order read (`entries`
     /// reports each option's source from it).
     pub from_environment: Vec<&'static str>,
@@ -89,6 +96,13 @@ pub const DEFAULT_LOG_LEVEL: Level = Level::Warn;
 
 /// How long exit waits for queued work when `OPENREG_EXIT_DRAIN_MS` is unset.
 pub const DEFAULT_EXIT_DRAIN_MS: u64 = 500;
+
+/// Streams per priority pool when `OPENREG_STREAM_POOL_SIZE` is unset (CUDA's 32).
+pub const DEFAULT_STREAM_POOL_SIZE: usize = 32;
+
+/// The largest `OPENREG_STREAM_POOL_SIZE`: each pool stream costs a queue
+/// (a few hundred bytes) per device, its worker only while it has work.
+pub const MAX_STREAM_POOL_SIZE: usize = 1024;
 
 /// Each device's capacity when `OPENREG_DEVICE_MEMORY` is unset.
 pub const DEFAULT_DEVICE_MEMORY: usize = 4 << 30;
@@ -139,6 +153,18 @@ impl Options {
             sync_debug: r.read("OPENREG_SYNC_DEBUG", SyncDebugMode::Default, "one of default, warn, error", |s| {
                 parse_choice(s, &SyncDebugMode::NAMES)
             }),
+            stream_pool_size: r.read(
+                "OPENREG_STREAM_POOL_SIZE",
+                DEFAULT_STREAM_POOL_SIZE,
+                "an integer from 1 to 1024",
+                |s| parse_u64(s).filter(|n| (1..=MAX_STREAM_POOL_SIZE as u64).contains(n)).map(|n| n as usize),
+            ),
+            fault: r.read(
+                "OPENREG_FAULT",
+                None,
+                "kind[:after], kind one of alloc, kernel, event, enumerate and after a non-negative integer",
+                |s| Fault::parse_option(s).map(Some),
+            ),
             from_environment: r.from_environment,
             invalid: r.invalid,
         }
@@ -241,6 +267,19 @@ impl Options {
                 name: "OPENREG_SYNC_DEBUG",
                 value: self.sync_debug.name().to_string(),
                 help: "initial set_sync_debug_mode: default, warn or error on host-blocking operations",
+            },
+            OptionEntry {
+                name: "OPENREG_STREAM_POOL_SIZE",
+                value: self.stream_pool_size.to_string(),
+                help: "streams in each priority's pool per device (1..=1024, default 32), handed out round-robin",
+            },
+            OptionEntry {
+                name: "OPENREG_FAULT",
+                value: match self.fault {
+                    Some((fault, after)) => format!("{}:{after}", fault.name()),
+                    None => String::new(),
+                },
+                help: "kind[:after]: the (after+1)-th alloc, kernel, event or enumerate of the process fails once (fault injection; unset: none)",
             },
         ]
     }
@@ -403,6 +442,36 @@ mod tests {
     }
 
     #[test]
+    fn stream_pool_size_is_bounded() {
+        assert_eq!(parse(&[]).stream_pool_size, DEFAULT_STREAM_POOL_SIZE);
+        assert_eq!(parse(&[("OPENREG_STREAM_POOL_SIZE", "4")]).stream_pool_size, 4);
+        assert_eq!(parse(&[("OPENREG_STREAM_POOL_SIZE", "1024")]).stream_pool_size, MAX_STREAM_POOL_SIZE);
+        for bad in ["0", "1025", "-1", "many", "4.5"] {
+            let o = parse(&[("OPENREG_STREAM_POOL_SIZE", bad)]);
+            assert_eq!(invalid(&o), ["OPENREG_STREAM_POOL_SIZE"], "value {bad:?}");
+            assert_eq!(o.stream_pool_size, DEFAULT_STREAM_POOL_SIZE);
+            let message = o.check().unwrap_err().message;
+            assert!(message.contains(&format!("OPENREG_STREAM_POOL_SIZE={bad:?} (expected an integer from 1 to 1024)")), "{message}");
+        }
+    }
+
+    #[test]
+    fn fault_option() {
+        assert_eq!(parse(&[]).fault, None);
+        assert_eq!(parse(&[("OPENREG_FAULT", "kernel:2")]).fault, Some((Fault::Kernel, 2)));
+        assert_eq!(parse(&[("OPENREG_FAULT", " ALLOC ")]).fault, Some((Fault::Alloc, 0)));
+        let o = parse(&[("OPENREG_FAULT", "disk:1")]);
+        assert_eq!((o.fault, invalid(&o)), (None, vec!["OPENREG_FAULT"]));
+        assert!(o.check().unwrap_err().message.contains(
+            "OPENREG_FAULT=\"disk:1\" (expected kind[:after], kind one of alloc, kernel, event, enumerate and after a \
+             non-negative integer)"
+        ));
+        let entry = |o: &Options| o.entries().into_iter().find(|e| e.name == "OPENREG_FAULT").unwrap().value;
+        assert_eq!(entry(&parse(&[("OPENREG_FAULT", "Event")])), "event:0");
+        assert_eq!(entry(&parse(&[])), "");
+    }
+
+    #[test]
     fn sizes() {
         let size = |v: &str| parse(&[("OPENREG_DEVICE_MEMORY", v)]).device_memory;
         assert_eq!(size("4096"), 4096);
@@ -463,6 +532,7 @@ mod tests {
         let names = |choices: &[&str]| format!("one of {}", choices.join(", "));
         assert_eq!(accepted("OPENREG_LOG"), names(&Level::NAMES.map(|(n, _)| n)));
         assert_eq!(accepted("OPENREG_SYNC_DEBUG"), names(&SyncDebugMode::NAMES.map(|(n, _)| n)));
+        assert!(accepted("OPENREG_FAULT").contains(&names(&Fault::NAMES.map(|(n, _)| n))));
     }
 
     #[test]

@@ -3,9 +3,12 @@
 //!
 //! Note [StreamId assignment]: a stream is the value `(device, id)`.
 //! Id 0 is the device's default stream. Pool streams have ids
-//! `1 + level * STREAMS_PER_POOL + slot`, where `level` 0 holds the normal
-//! priority (0) and level 1 the high priority (-1), and `slot` is handed out
-//! round-robin. Ids outside that range name no stream and are rejected.
+//! `1 + level * pool_size() + slot`, where `level` 0 holds the normal
+//! priority (0) and level 1 the high priority (-1), and `slot` (0..pool_size())
+//! is handed out round-robin. `pool_size()` is `OPENREG_STREAM_POOL_SIZE`
+//! (default 32, as CUDA's pools), fixed for the process: options are read
+//! once, so an id means the same stream for the whole run. Ids outside
+//! `0..=2 * pool_size()` name no stream and are rejected.
 //!
 //! Note [Stream progress]: every submitted task gets the next sequence number
 //! (`submitted`); the worker bumps `completed` only after the task has run.
@@ -27,12 +30,20 @@
 //! stream never runs work inline; its counters do not move, so everything
 //! submitted before the capture still completes in order.
 //!
+//! Note [Task names]: each queued task carries a `TaskName`, so an op
+//! timeout can say which kernel has run too long. A C++ kernel's name is
+//! its `const char*` (an operator name such as "aten::mul", or a literal),
+//! which lives for the process; the queue keeps that pointer, and the
+//! running task's name, without copying, so naming costs a launch nothing.
+//! The text is read only when an error is built.
+//!
 //! Note [Idle workers]: a stream's worker thread is spawned by the first
 //! submission and exits after `OPENREG_WORKER_IDLE_MS` with nothing to do, so a
 //! process that touched a hundred streams keeps no hundred idle threads, and
 //! an idle worker sleeps on a condition variable at no CPU cost.
 
 use std::collections::VecDeque;
+use std::ffi::{c_char, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -51,12 +62,23 @@ use crate::options::{self, MAX_DEVICES};
 pub type StreamId = i64;
 
 pub const DEFAULT_STREAM_ID: StreamId = 0;
-pub const STREAMS_PER_POOL: usize = 32;
 /// Priorities follow CUDA: a lower number is a higher priority.
 pub const LOWEST_PRIORITY: i32 = 0;
 pub const HIGHEST_PRIORITY: i32 = -1;
 const PRIORITY_LEVELS: usize = (LOWEST_PRIORITY - HIGHEST_PRIORITY) as usize + 1;
-const STREAMS_PER_DEVICE: usize = 1 + PRIORITY_LEVELS * STREAMS_PER_POOL;
+
+/// Streams in each priority's pool of a device (`OPENREG_STREAM_POOL_SIZE`;
+/// Note [StreamId assignment]).
+#[inline]
+pub fn pool_size() -> usize {
+    options::get().stream_pool_size
+}
+
+/// Streams of one device: the default stream and every pool's.
+#[inline]
+fn streams_per_device() -> usize {
+    1 + PRIORITY_LEVELS * pool_size()
+}
 
 /// A marker that lets the C ABI reject pointers that are not streams.
 const STREAM_MAGIC: u64 = 0x6f70_656e_7265_6753; // "openregS"
@@ -75,14 +97,91 @@ pub enum Task {
     Timestamp { event: Arc<Event>, version: u64 },
 }
 
+/// What a task is called in errors (Note [Task names]): a kernel's name,
+/// or a phrase for work that is not a kernel. Two words, copied freely.
+#[derive(Clone, Copy, Debug)]
+pub struct TaskName {
+    /// A NUL-terminated string that lives for the process.
+    text: *const c_char,
+    kernel: bool,
+}
+
+// SAFETY: `text` points to immutable bytes that live for the process.
+unsafe impl Send for TaskName {}
+unsafe impl Sync for TaskName {}
+
+impl TaskName {
+    /// A task submitted without a name.
+    pub const UNNAMED: TaskName = TaskName::other(c"an unnamed task");
+    /// A kernel the shim runs on the caller's thread (Note [Inline launches]).
+    pub const INLINE: TaskName = TaskName::other(c"a kernel run inline by another thread");
+
+    /// The kernel called `name`.
+    pub const fn kernel(name: &'static CStr) -> TaskName {
+        TaskName { text: name.as_ptr(), kernel: true }
+    }
+
+    /// Work that is not a kernel, described by `phrase` ("a wait for …").
+    pub const fn other(phrase: &'static CStr) -> TaskName {
+        TaskName { text: phrase.as_ptr(), kernel: false }
+    }
+
+    /// The kernel called `name`; a null `name` reads as "kernel".
+    ///
+    /// # Safety
+    /// A non-null `name` is a NUL-terminated string that is never freed or
+    /// changed (a string literal, an operator's name).
+    pub unsafe fn kernel_from_ptr(name: *const c_char) -> TaskName {
+        match name.is_null() {
+            true => TaskName::kernel(c"kernel"),
+            false => TaskName { text: name, kernel: true },
+        }
+    }
+
+    /// The name alone: "aten::mul", "an unnamed task".
+    pub fn text(&self) -> std::borrow::Cow<'static, str> {
+        // SAFETY: per the constructors, `text` is a NUL-terminated string
+        // that lives for the process.
+        unsafe { CStr::from_ptr(self.text) }.to_string_lossy()
+    }
+}
+
+impl std::fmt::Display for TaskName {
+    /// `kernel "aten::mul"`, or the phrase of other work.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.kernel {
+            true => write!(f, "kernel {:?}", self.text()),
+            false => f.write_str(&self.text()),
+        }
+    }
+}
+
+impl Task {
+    /// The name of a task submitted without one.
+    fn default_name(&self) -> TaskName {
+        match self {
+            Task::Run(_) => TaskName::UNNAMED,
+            Task::WaitFor { .. } => TaskName::other(c"a wait for work of another stream (an event wait)"),
+            Task::Timestamp { .. } => TaskName::other(c"an event time stamp"),
+        }
+    }
+}
+
+/// What a stream is running now (Note [Op timeout]).
+#[derive(Clone, Copy)]
+struct Running {
+    since: Instant,
+    name: TaskName,
+}
+
 struct QueueState {
-    tasks: VecDeque<Task>,
+    tasks: VecDeque<(Task, TaskName)>,
     completed: u64,
     worker_running: bool,
     /// A task runs on a caller's thread (Note [Inline launches]).
     inline_running: bool,
-    /// When the task running now started (Note [Op timeout]).
-    running_since: Option<Instant>,
+    /// The task running now, and since when (Note [Op timeout]).
+    running: Option<Running>,
     shutting_down: bool,
     /// A task that panicked; reported by the next `synchronize`.
     deferred_error: Option<Error>,
@@ -121,7 +220,7 @@ impl StreamQueue {
                 completed: 0,
                 worker_running: false,
                 inline_running: false,
-                running_since: None,
+                running: None,
                 shutting_down: false,
                 deferred_error: None,
                 capture: None,
@@ -145,7 +244,7 @@ impl StreamQueue {
         if self.id == DEFAULT_STREAM_ID {
             LOWEST_PRIORITY
         } else {
-            LOWEST_PRIORITY - ((self.id - 1) as usize / STREAMS_PER_POOL) as i32
+            LOWEST_PRIORITY - ((self.id - 1) as usize / pool_size()) as i32
         }
     }
 
@@ -166,23 +265,26 @@ impl StreamQueue {
     /// A capturing stream records it instead (Note [Capturing streams]) and
     /// returns the current marker, which is already passed by then.
     pub fn submit(&'static self, task: Task) -> Result<u64> {
-        self.submit_described(task, String::new)
+        let name = task.default_name();
+        self.submit_named(task, name, String::new)
     }
 
-    /// `submit`, with a description of the task for a capture's debug dump
-    /// (called only then).
-    pub fn submit_described(&'static self, task: Task, describe: impl FnOnce() -> String) -> Result<u64> {
+    /// `submit`, naming the task for errors (Note [Task names]), with a
+    /// description of it for a capture's debug dump (called only then).
+    pub fn submit_named(&'static self, task: Task, name: TaskName, describe: impl FnOnce() -> String) -> Result<u64> {
         let seq = {
             let mut st = self.state.lock();
             if st.shutting_down {
                 return Err(Error::invalid_value(format!("{self} is shut down: the runtime is finalizing")));
             }
+            // Under the lock: Note [Stopped devices] in device_stop.rs.
+            crate::device_stop::check_running(self.device)?;
             if let Some(capture) = st.capture.clone() {
                 drop(st);
                 capture.record(self, task, describe)?;
                 return Ok(self.marker());
             }
-            st.tasks.push_back(task);
+            st.tasks.push_back((task, name));
             if st.worker_running {
                 self.work_available.notify_one();
             } else {
@@ -222,13 +324,13 @@ impl StreamQueue {
         let mut st = self.state.lock();
         loop {
             if !st.inline_running {
-                if let Some(task) = st.tasks.pop_front() {
-                    st.running_since = Some(Instant::now());
+                if let Some((task, name)) = st.tasks.pop_front() {
+                    st.running = Some(Running { since: Instant::now(), name });
                     drop(st);
                     let is_kernel = matches!(task, Task::Run(_));
                     let outcome = catch_unwind(AssertUnwindSafe(|| run(task)));
                     st = self.state.lock();
-                    st.running_since = None;
+                    st.running = None;
                     if let Err(e) = self.flatten(outcome) {
                         st.deferred_error.get_or_insert(e);
                     }
@@ -261,9 +363,9 @@ impl StreamQueue {
 
     /// Runs `task` on the calling thread if the stream is idle, else queues
     /// it (Note [Inline launches]). An inline task's failure is returned.
-    pub fn run_inline_or_submit(&'static self, task: Task) -> Result<()> {
-        if !self.try_begin_inline() {
-            return self.submit(task).map(drop);
+    pub fn run_inline_or_submit(&'static self, task: Task, name: TaskName) -> Result<()> {
+        if !self.try_begin_inline(name) {
+            return self.submit_named(task, name, String::new).map(drop);
         }
         let outcome = catch_unwind(AssertUnwindSafe(|| run(task)));
         self.end_inline();
@@ -272,15 +374,16 @@ impl StreamQueue {
 
     /// Reserves the idle stream for work the caller runs itself; false if
     /// the stream is busy. A true result must be followed by `end_inline`.
-    pub fn try_begin_inline(&self) -> bool {
+    /// `name` names the work for an op timeout seen by another thread.
+    pub fn try_begin_inline(&self, name: TaskName) -> bool {
         let mut st = self.state.lock();
-        if st.completed != self.marker() || st.shutting_down || st.capture.is_some() {
-            return false;
+        if st.completed != self.marker() || st.shutting_down || st.capture.is_some() || crate::device_stop::is_stopped(self.device) {
+            return false; // a stopped device's error comes from `submit`
         }
         crate::utilization::stream_became_busy(self.device);
         self.count_submission(&st);
         st.inline_running = true;
-        st.running_since = Some(Instant::now());
+        st.running = Some(Running { since: Instant::now(), name });
         true
     }
 
@@ -297,7 +400,7 @@ impl StreamQueue {
     pub fn end_inline(&self) {
         let mut st = self.state.lock();
         self.maybe_inject_kernel_fault(&mut st);
-        st.running_since = None;
+        st.running = None;
         st.completed += 1;
         if st.completed == self.marker() {
             crate::utilization::stream_became_idle(self.device);
@@ -333,9 +436,9 @@ impl StreamQueue {
             match crate::op_timeout::limit().filter(|_| take_error) {
                 None => self.progress.wait(&mut st),
                 Some(limit) => {
-                    let started = st.running_since.unwrap_or_else(Instant::now);
-                    if started.elapsed() >= limit {
-                        return Err(self.timed_out(started.elapsed(), limit));
+                    let started = st.running.map_or_else(Instant::now, |r| r.since);
+                    if let Some(running) = st.running.filter(|r| r.since.elapsed() >= limit) {
+                        return Err(self.timed_out(running, limit));
                     }
                     self.progress.wait_until(&mut st, started + limit);
                 }
@@ -351,16 +454,22 @@ impl StreamQueue {
     }
 
     #[cold]
-    fn timed_out(&self, running: Duration, limit: Duration) -> Error {
+    fn timed_out(&self, running: Running, limit: Duration) -> Error {
         Error::new(
             ErrorKind::NotReady,
             format!(
-                "openreg op timeout: the kernel running on {self} has run for {} ms, longer than the {} ms of \
+                "openreg op timeout: {} running on {self} has run for {} ms, longer than the {} ms of \
                  torch.openreg.set_op_timeout_ms; the wait gave up (the kernel keeps running)",
-                running.as_millis(),
+                running.name,
+                running.since.elapsed().as_millis(),
                 limit.as_millis()
             ),
         )
+    }
+
+    /// The name of the task running now, if any (Note [Task names]).
+    pub fn running_task(&self) -> Option<TaskName> {
+        self.state.lock().running.map(|r| r.name)
     }
 
     /// The capture this stream records into, if it is capturing.
@@ -446,26 +555,27 @@ impl StreamQueue {
     }
 
     /// Gives up the queued tasks that have not started (Note [Bounded exit
-    /// drain] in lifecycle.rs) and returns how many. They are leaked, not
-    /// dropped: what they captured may need an interpreter that is going
-    /// away. They count as completed, so no waiter hangs; the stream's next
-    /// synchronize reports them.
-    pub(crate) fn abandon_queued(&self) -> usize {
+    /// drain] in lifecycle.rs, Note [Stopped devices] in device_stop.rs) and
+    /// returns them, for the caller to drop or leak outside the stream's
+    /// lock (what they captured may take other locks when dropped, or need
+    /// an interpreter that is going away). They count as completed, so no
+    /// waiter hangs; the stream's next synchronize reports them, saying
+    /// `why` ("at exit").
+    pub(crate) fn abandon_queued(&self, why: &str) -> Vec<Task> {
         let mut st = self.state.lock();
-        let abandoned = std::mem::take(&mut st.tasks);
+        let abandoned: Vec<Task> = std::mem::take(&mut st.tasks).into_iter().map(|(task, _)| task).collect();
         let count = abandoned.len();
-        std::mem::forget(abandoned);
         if count == 0 {
-            return 0;
+            return abandoned;
         }
         st.completed += count as u64;
         st.deferred_error
-            .get_or_insert_with(|| Error::invalid_value(format!("{self}: {count} queued kernels were abandoned at exit")));
+            .get_or_insert_with(|| Error::invalid_value(format!("{self}: {count} queued kernels were abandoned {why}")));
         if st.completed == self.marker() {
             crate::utilization::stream_became_idle(self.device);
         }
         self.progress.notify_all();
-        count
+        abandoned
     }
 
     /// Drains the queue and stops the worker (runtime finalization), waiting
@@ -533,7 +643,7 @@ impl DeviceStreams {
     pub fn new(device: DeviceIndex) -> DeviceStreams {
         DeviceStreams {
             device,
-            streams: (0..STREAMS_PER_DEVICE as StreamId).map(|id| StreamQueue::new(device, id)).collect(),
+            streams: (0..streams_per_device() as StreamId).map(|id| StreamQueue::new(device, id)).collect(),
             next_slot: [const { AtomicUsize::new(0) }; PRIORITY_LEVELS],
         }
     }
@@ -549,8 +659,9 @@ impl DeviceStreams {
     /// handed out round-robin.
     pub fn from_pool(&'static self, priority: i32) -> &'static StreamQueue {
         let level = (LOWEST_PRIORITY - priority.clamp(HIGHEST_PRIORITY, LOWEST_PRIORITY)) as usize;
-        let slot = self.next_slot[level].fetch_add(1, Ordering::Relaxed) % STREAMS_PER_POOL;
-        &self.streams[1 + level * STREAMS_PER_POOL + slot]
+        let pool = pool_size();
+        let slot = self.next_slot[level].fetch_add(1, Ordering::Relaxed) % pool;
+        &self.streams[1 + level * pool + slot]
     }
 
     pub fn synchronize_all(&self) -> Result<()> {
@@ -564,9 +675,10 @@ impl DeviceStreams {
         self.streams.iter().all(|s| s.wait_until(s.marker(), deadline))
     }
 
-    /// Abandons every stream's queued tasks; returns how many there were.
-    pub(crate) fn abandon_all(&self) -> usize {
-        self.streams.iter().map(StreamQueue::abandon_queued).sum()
+    /// Abandons every stream's queued tasks, saying `why`; returns them
+    /// (see `StreamQueue::abandon_queued`).
+    pub(crate) fn abandon_all(&self, why: &str) -> Vec<Task> {
+        self.streams.iter().flat_map(|s| s.abandon_queued(why)).collect()
     }
 
     /// Stops every worker, waiting until `deadline` at most; returns whether
@@ -585,13 +697,18 @@ impl DeviceStreams {
 fn invalid_stream(device: DeviceIndex, id: StreamId) -> Error {
     Error::new(
         ErrorKind::InvalidHandle,
-        format!("stream id {id} is not an openreg stream of device {device} (valid ids are 0..{})", STREAMS_PER_DEVICE - 1),
+        format!(
+            "stream id {id} is not an openreg stream of device {device} (valid ids are 0..={}: the default stream 0 \
+             and two pools of OPENREG_STREAM_POOL_SIZE={} streams)",
+            streams_per_device() - 1,
+            pool_size()
+        ),
     )
 }
 
 /// Validates a stream id without needing the device's context.
 pub fn check_stream_id(device: DeviceIndex, id: StreamId) -> Result<()> {
-    if (0..STREAMS_PER_DEVICE as StreamId).contains(&id) {
+    if (0..streams_per_device() as StreamId).contains(&id) {
         Ok(())
     } else {
         Err(invalid_stream(device, id))

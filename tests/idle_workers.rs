@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use torch_openreg::device;
-use torch_openreg::stream::Task;
+use torch_openreg::stream::{self, Task};
 
 #[test]
 fn idle_workers_exit_and_restart_on_demand() {
@@ -41,7 +41,7 @@ fn inline_kernels_do_not_keep_an_idle_worker_awake() {
     let mut worker_exited = false;
     while Instant::now() < deadline && !worker_exited {
         for _ in 0..100 {
-            assert!(stream.try_begin_inline());
+            assert!(stream.try_begin_inline(stream::TaskName::INLINE));
             stream.end_inline();
         }
         worker_exited = streams.live_workers() == 0;

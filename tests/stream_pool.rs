@@ -2,18 +2,19 @@
 //! so no other test may take streams meanwhile.
 
 use torch_openreg::device;
-use torch_openreg::stream::STREAMS_PER_POOL;
+use torch_openreg::stream;
 
 #[test]
 fn pool_streams_round_robin_and_clamp_priority() {
     let streams = &device::context(1).unwrap().streams;
     let first = streams.from_pool(0);
-    let ids: Vec<i64> = (0..STREAMS_PER_POOL).map(|_| streams.from_pool(0).id()).collect();
+    assert_eq!(stream::pool_size(), 32, "OPENREG_STREAM_POOL_SIZE is unset: CUDA's 32");
+    let ids: Vec<i64> = (0..stream::pool_size()).map(|_| streams.from_pool(0).id()).collect();
     assert_eq!(ids.last().copied(), Some(first.id()), "the pool wraps around after 32");
     let mut distinct = ids.clone();
     distinct.sort();
     distinct.dedup();
-    assert_eq!(distinct.len(), STREAMS_PER_POOL);
+    assert_eq!(distinct.len(), stream::pool_size());
     assert!(ids.iter().all(|id| (1..=32).contains(id)));
 
     let high = streams.from_pool(-1);

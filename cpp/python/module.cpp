@@ -198,6 +198,36 @@ static PyObject* stream_priority_range(PyObject* self, PyObject* unused) {
   return Py_BuildValue("(ii)", least, greatest);
 }
 
+static PyObject* stop_device(PyObject* self, PyObject* arg) {
+  int device = 0;
+  if (!parse_device(arg, &device))
+    return NULL;
+  int code;
+  // Without the GIL: abandoning drops no Python object, but takes every
+  // stream's lock, which a worker holding the GIL might be waiting behind.
+  Py_BEGIN_ALLOW_THREADS
+  code = orDeviceStop(device);
+  Py_END_ALLOW_THREADS
+  CHECK(code);
+  Py_RETURN_NONE;
+}
+
+static PyObject* restart_device(PyObject* self, PyObject* arg) {
+  int device = 0;
+  if (!parse_device(arg, &device))
+    return NULL;
+  CHECK(orDeviceRestart(device));
+  Py_RETURN_NONE;
+}
+
+static PyObject* is_device_stopped(PyObject* self, PyObject* arg) {
+  int device = 0, stopped = 0;
+  if (!parse_device(arg, &device))
+    return NULL;
+  CHECK(orDeviceIsStopped(device, &stopped));
+  return PyBool_FromLong(stopped);
+}
+
 static PyObject* options(PyObject* self, PyObject* unused) {
   return PyUnicode_FromString(orGetOptions());
 }
@@ -224,7 +254,7 @@ static PyObject* sleep_kernel(PyObject* self, PyObject* arg) {
   int code;
   // Without the GIL: with OPENREG_LAUNCH_BLOCKING=1 the launch waits.
   Py_BEGIN_ALLOW_THREADS
-  code = orLaunchHostFunc(stream, sleep_on_stream, (void*)(intptr_t)(ms * 1e6));
+  code = orLaunchHostFuncNamed(stream, sleep_on_stream, (void*)(intptr_t)(ms * 1e6), "torch.openreg._sleep");
   Py_END_ALLOW_THREADS
   CHECK(code);
   Py_RETURN_NONE;
@@ -455,6 +485,9 @@ static PyMethodDef methods[] = {
     {"_stream_priority_range", stream_priority_range, METH_NOARGS, "(least, greatest) stream priority."},
     {"_options", options, METH_NOARGS, "The OPENREG_* options in force, as text lines."},
     {"_sleep", sleep_kernel, METH_O, "Queue a kernel that sleeps for the given milliseconds."},
+    {"_stop_device", stop_device, METH_O, "Stop a device: abandon its queued work, reject new work."},
+    {"_restart_device", restart_device, METH_O, "Bring a stopped device back (a new memory generation)."},
+    {"_is_device_stopped", is_device_stopped, METH_O, "Whether a device is stopped."},
     {"_prepare_exit", prepare_exit, METH_NOARGS, "At exit: drain the streams before the interpreter finalizes."},
     {"_get_default_generator", openreg_get_default_generator, METH_O, "The default torch.Generator of a device."},
     {"_utilization", utilization, METH_O, "Percent of the last second a device's streams had work."},

@@ -364,6 +364,8 @@ BAD_OPTIONS = {
     "OPENREG_LOG": ("verbose", "one of error, warn, info, debug"),
     "OPENREG_EXIT_DRAIN_MS": ("forever", "a non-negative integer"),
     "OPENREG_SYNC_DEBUG": ("bogus", "one of default, warn, error"),
+    "OPENREG_STREAM_POOL_SIZE": ("1025", "an integer from 1 to 1024"),
+    "OPENREG_FAULT": ("disk:1", "kind[:after], kind one of alloc, kernel, event, enumerate"),
 }
 
 INVALID_OPTIONS = script(

@@ -273,6 +273,14 @@ def test_options():
     assert int(opts["OPENREG_DEVICE_COUNT"]["value"]) == torch.openreg.device_count()
 
 
+def test_every_option_is_in_the_readme_table():
+    import os
+
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    missing = [name for name in torch.openreg.options() if f"| `{name}` |" not in readme]
+    assert not missing, f"options missing from the README's Options table: {missing}"
+
+
 def test_not_in_bad_fork():
     assert torch.openreg._is_in_bad_fork() is False
     assert _C._is_in_bad_fork() is False

@@ -1,8 +1,14 @@
-"""Injected faults (torch.openreg._inject_fault): each surfaces as a Python
-exception naming what failed, and normal work succeeds right after."""
+"""Injected faults (torch.openreg._inject_fault, or OPENREG_FAULT): each
+surfaces as a Python exception naming what failed, and normal work succeeds
+right after."""
+
+import re
+import textwrap
 
 import pytest
 import torch
+
+from _openreg_util import clean_env, script
 
 
 def test_alloc_fault_is_an_out_of_memory_error():
@@ -60,3 +66,87 @@ def test_bad_fault_arguments():
         torch.openreg._inject_fault("alloc", after=-1)
     with pytest.raises(TypeError):
         torch.openreg._inject_fault(3)
+
+
+# OPENREG_FAULT=kind[:after] arms a fault from the start of the process
+# (Note [Injected faults]): one fresh process per kind. Each reports the
+# option as options() shows it, the error of the operation that fails, and
+# normal work afterwards.
+FAULT_OPTION_CASES = {
+    # after=1: the process's first allocation succeeds, the second fails.
+    "alloc:1": """
+        first = torch.empty(4, device="openreg")
+        RESULT["error"] = error_of(lambda: torch.empty(4, device="openreg"))
+    """,
+    # The very first kernel (the fill of ones) fails; its stream reports it.
+    "kernel:0": """
+        x = torch.ones(8, device="openreg")
+        RESULT["error"] = error_of(torch.openreg.synchronize)
+        RESULT["again"] = error_of(torch.openreg.synchronize)
+    """,
+    "event:0": """
+        RESULT["error"] = error_of(lambda: torch.Event(device="openreg").record())
+    """,
+    "enumerate:2": """
+        RESULT["counts"] = [torch.openreg.device_count() for _ in range(4)]
+        RESULT["error"] = None
+    """,
+}
+
+
+def _fault_option_script(spec: str, case: str):
+    code = (
+        textwrap.dedent(
+            """
+            import torch, torch_openreg
+            opt = torch.openreg.options()["OPENREG_FAULT"]
+            RESULT["option"] = [opt["value"], opt["source"]]
+            """
+        )
+        + textwrap.dedent(case)
+        + textwrap.dedent(
+            """
+            try:
+                RESULT["sum"] = torch.ones(3, device="openreg:1").sum().item()
+                torch.openreg.synchronize()
+            except Exception as e:
+                RESULT["sum"] = f"{type(e).__name__}: {e}"
+            done(RESULT)
+            """
+        )
+    )
+    return script(f"OPENREG_FAULT={spec}", code, env=clean_env(OPENREG_FAULT=spec))
+
+
+FAULT_OPTION_SCRIPTS = {spec: _fault_option_script(spec, case) for spec, case in FAULT_OPTION_CASES.items()}
+
+EXPECTED_OPTION_ERRORS = {
+    "alloc:1": r"OutOfMemoryError: injected fault \(alloc\): allocating 16 bytes on openreg device 0 failed \(OPENREG_FAULT\)",
+    "kernel:0": r"RuntimeError: injected fault \(kernel\): a kernel on openreg stream 0 on device 0 failed \(OPENREG_FAULT\)",
+    "event:0": r"RuntimeError: injected fault \(event\): recording an event on openreg stream 0 on device 0 failed \(OPENREG_FAULT\)",
+    "enumerate:2": None,
+}
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("spec", list(FAULT_OPTION_CASES))
+def test_fault_option_surfaces_once_and_the_runtime_stays_usable(spec):
+    data = FAULT_OPTION_SCRIPTS[spec].result().check_ok()
+    assert data["option"] == [spec, "environment"]
+    expected = EXPECTED_OPTION_ERRORS[spec]
+    if expected is None:
+        assert data["error"] is None
+    else:
+        assert data["error"] is not None and re.fullmatch(expected, data["error"]), data["error"]
+    if spec == "enumerate:2":
+        assert data["counts"] == [2, 2, 0, 2]
+    if spec == "kernel:0":
+        assert data["again"] is None  # reported once
+    # Normal work right after the fault.
+    assert data["sum"] == 3
+
+
+def test_fault_option_is_listed_and_unset_here():
+    opt = torch.openreg.options()["OPENREG_FAULT"]
+    assert (opt["value"], opt["source"]) == ("", "default")
+    assert "alloc, kernel, event or enumerate" in opt["help"]

@@ -51,7 +51,7 @@ def test_queued_work_is_timed_where_it_runs(tmp_path):
     path = tmp_path / "trace.json"
     p.export_chrome_trace(str(path))
     _, kernels, rows = _kernels(path)
-    sleeps = [k for k in kernels if k["name"] == "host function"]
+    sleeps = [k for k in kernels if k["name"] == "torch.openreg._sleep"]
     assert sleeps and sleeps[0]["dur"] >= 29_000, sleeps
     assert sleeps[0]["args"]["stream"] == s.stream_id
     assert rows[(sleeps[0]["pid"], sleeps[0]["tid"])] == f"openreg:0 stream {s.stream_id}"

@@ -53,6 +53,50 @@ IDLE_WORKERS = script(
 )
 
 
+# OPENREG_STREAM_POOL_SIZE=4: pools of 4 streams, ids 1..4 (priority 0) and
+# 5..8 (priority -1); the fifth stream of a pool is its first again, and ids
+# past 8 name no stream (Note [StreamId assignment]).
+POOL_OF_4 = script(
+    "stream_pool_size=4",
+    """
+    import torch, torch_openreg
+    opt = torch.openreg.options()["OPENREG_STREAM_POOL_SIZE"]
+    RESULT["option"] = [opt["value"], opt["source"]]
+    RESULT["low"] = [torch.Stream(device="openreg:0", priority=0).stream_id for _ in range(5)]
+    RESULT["high"] = [torch.Stream(device="openreg:1", priority=-1).stream_id for _ in range(5)]
+    by_id = lambda i: torch.Stream(stream_id=i, device_index=0, device_type=torch.openreg.default_stream(0).device_type)
+    last = by_id(8)
+    with torch.openreg.stream(last):
+        torch.openreg._sleep(20)
+        RESULT["on_last"] = torch.ones(3, device="openreg").sum().item()
+    last.synchronize()
+    RESULT["last_query"] = last.query()
+    RESULT["bad"] = [error_of(lambda: by_id(9).query()), error_of(lambda: torch.openreg.set_stream(by_id(100)))]
+    RESULT["current_after"] = torch.openreg.current_stream(0).stream_id
+    done(RESULT)
+    """,
+    env=clean_env(OPENREG_STREAM_POOL_SIZE="4"),
+)
+
+
+@pytest.mark.subprocess
+def test_stream_pool_size_option():
+    data = POOL_OF_4.result().check_ok()
+    assert data["option"] == ["4", "environment"]
+    assert data["low"] == [1, 2, 3, 4, 1]
+    assert data["high"] == [5, 6, 7, 8, 5]
+    assert data["on_last"] == 3 and data["last_query"] is True
+    for error, stream_id in zip(data["bad"], (9, 100)):
+        assert error.startswith(f"RuntimeError: stream id {stream_id} is not an openreg stream of device 0"), error
+        assert "valid ids are 0..=8" in error and "OPENREG_STREAM_POOL_SIZE=4" in error, error
+    assert data["current_after"] == 0
+
+
+def test_pool_size_is_the_default_32():
+    opt = torch.openreg.options()["OPENREG_STREAM_POOL_SIZE"]
+    assert (opt["value"], opt["source"]) == (str(POOL_SIZE), "default")
+
+
 def test_priority_range():
     least, greatest = torch.openreg.stream_priority_range()
     assert (least, greatest) == _C._stream_priority_range()

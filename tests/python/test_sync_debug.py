@@ -129,7 +129,11 @@ def test_op_timeout_ends_waits_for_a_long_kernel(op_timeout):
     with torch.openreg.stream(s):
         torch.openreg._sleep(6000)
     t0 = time.perf_counter()
-    with pytest.raises(RuntimeError, match=r"op timeout: the kernel running on openreg stream \d+ on device 1 has run for \d+ ms"):
+    # The error names the kernel (_sleep queues one called torch.openreg._sleep).
+    with pytest.raises(
+        RuntimeError,
+        match=r'op timeout: kernel "torch\.openreg\._sleep" running on openreg stream \d+ on device 1 has run for \d+ ms',
+    ):
         s.synchronize()
     with pytest.raises(RuntimeError, match="op timeout"):
         torch.openreg.synchronize(1)
@@ -140,6 +144,25 @@ def test_op_timeout_ends_waits_for_a_long_kernel(op_timeout):
     op_timeout(0)
     s.synchronize()
     assert s.query()
+
+
+def test_op_timeout_names_an_aten_kernel(op_timeout):
+    # A matmul of 2 x 2500^3 flops runs for a good fraction of a second on
+    # one core (Note [Kernel threads]): far past the 50 ms timeout. The
+    # first one of a shape runs while the host waits (route 3 of Note
+    # [Fallback]); the second is queued.
+    s = torch.openreg.Stream(device=0)
+    with torch.openreg.stream(s):
+        a = torch.ones(2500, 2500, device="openreg")
+        a @ a
+        s.synchronize()
+        op_timeout(50)
+        product = a @ a
+    with pytest.raises(RuntimeError, match=r'op timeout: kernel "aten::mm" running on openreg stream \d+ on device 0'):
+        s.synchronize()
+    op_timeout(0)
+    s.synchronize()
+    assert product[0, 0].item() == 2500
 
 
 def test_op_timeout_bad_values(op_timeout):

@@ -36,9 +36,12 @@ from ._device import (
     init,
     is_available,
     is_bf16_supported,
+    is_device_stopped,
     is_initialized,
     is_tf32_supported,
+    restart_device,
     set_device,
+    stop_device,
     synchronize,
     utilization,
 )
@@ -106,7 +109,8 @@ def _inject_fault(kind: str, after: int = 0) -> None:
     allocation raises ``torch.OutOfMemoryError``), ``"kernel"`` (a kernel is
     reported failed by its stream's next synchronizing call), ``"event"`` (an
     event record raises) or ``"enumerate"`` (``device_count()`` reports 0).
-    The runtime stays usable after each."""
+    The runtime stays usable after each. The option
+    ``OPENREG_FAULT=kind[:after]`` arms the same from the start of the process."""
     if not isinstance(kind, str):
         raise TypeError(f"_inject_fault: kind must be a str, got {kind!r}")
     if not isinstance(after, int) or isinstance(after, bool) or after < 0:
@@ -221,6 +225,7 @@ __all__ = [
     "is_available",
     "is_bf16_supported",
     "is_current_stream_capturing",
+    "is_device_stopped",
     "is_initialized",
     "is_tf32_supported",
     "manual_seed",
@@ -244,6 +249,7 @@ __all__ = [
     "reset_max_memory_cached",
     "reset_peak_host_memory_stats",
     "reset_peak_memory_stats",
+    "restart_device",
     "seed",
     "seed_all",
     "set_autocast_dtype",
@@ -256,6 +262,7 @@ __all__ = [
     "set_stream",
     "set_sync_debug_mode",
     "stream",
+    "stop_device",
     "stream_priority_range",
     "synchronize",
     "utilization",

@@ -146,6 +146,29 @@ def utilization(device: Any = None) -> int:
     return _C._utilization(_valid_index(device))
 
 
+def stop_device(device: Any) -> None:
+    """Stop ``device``, as if it went away (Note [Stopped devices] in
+    src/device_stop.rs): work queued on its streams that has not started is
+    abandoned (each stream's next synchronize raises, saying how many kernels
+    were abandoned; a kernel already running finishes), and new work for it
+    (a kernel, an allocation, an event record) raises a RuntimeError saying
+    the device is stopped, until ``restart_device(device)``. Waiting,
+    querying and freeing still work."""
+    _C._stop_device(_valid_index(device))
+
+
+def restart_device(device: Any) -> None:
+    """Bring back a device that ``stop_device`` stopped. Tensors allocated on
+    it before raise a RuntimeError when used (they can still be freed): make
+    them again, e.g. from CPU copies taken before the stop."""
+    _C._restart_device(_valid_index(device))
+
+
+def is_device_stopped(device: Any = None) -> bool:
+    """Whether ``stop_device`` stopped ``device`` (and no restart followed)."""
+    return _C._is_device_stopped(_valid_index(device))
+
+
 def get_device_name(device: Any = None) -> str:
     return get_device_properties(device).name
 
