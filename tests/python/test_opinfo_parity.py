@@ -61,6 +61,9 @@ def sweep(*args):
     assert int(summary.group(1)) > 0
 
 
+# Each sweep is a subprocess of a few minutes (more while the suite's
+# background scripts run): the subprocess tests' hang limit applies.
+@pytest.mark.subprocess
 @pytest.mark.parametrize(
     "args",
     [
