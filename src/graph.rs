@@ -64,7 +64,7 @@ use parking_lot::Mutex;
 use crate::device::{self, DeviceIndex};
 use crate::error::{Error, ErrorKind, Result};
 use crate::generator::{self, Generator, PhiloxSlice};
-use crate::stream::{StreamQueue, Task};
+use crate::stream::{StreamQueue, Task, TaskName};
 
 /// A memory pool id, as `c10::MempoolId_t`: `(capture id, 0)` for a pool a
 /// graph made for itself, `(0, handle id)` for one from `graph_pool_handle`.
@@ -527,7 +527,7 @@ impl Executable {
             stream,
             Box::new(move || graph.run(&draws)),
         );
-        let seq = stream.submit(Task::Run(replay))?;
+        let seq = stream.submit_named(Task::Run(replay), TaskName::kernel(c"graph replay"), String::new)?;
         *last = Some((stream, seq));
         Ok(())
     }
