@@ -36,6 +36,9 @@
 //! may share one, `retain_pool`); once released, its free segments are
 //! unmapped like any cached segment, and blocks still allocated from it
 //! (a graph's outputs the user kept) free into it and go the same way.
+//! A pool's blocks are used by replays and the work after them on any
+//! stream, so a pool segment is unmapped only once every stream of the
+//! device has passed the point of its last free (`other_users`).
 //!
 //! Note [Device memory generations]: a device restart (Note [Stopped
 //! devices] in device_stop.rs) begins a new generation of its memory. Each
@@ -221,6 +224,18 @@ struct Segment {
     /// queued kernel uses the segment once the stream has completed it
     /// (Note [Stream-ordered memory]).
     last_free: u64,
+    /// A graph pool's segment only: the end of every stream of the device
+    /// that had unfinished work when a block was last freed. A graph's
+    /// blocks are used by its replays and the work after them on any
+    /// stream, not only the capturing one (Note [Graph pools]).
+    other_users: Vec<(&'static StreamQueue, u64)>,
+}
+
+impl Segment {
+    /// Whether no queued kernel can touch the segment any more.
+    fn unused(&self) -> bool {
+        self.stream.has_completed(self.last_free) && self.other_users.iter().all(|(s, seq)| s.has_completed(*seq))
+    }
 }
 
 struct PendingFree {
@@ -303,6 +318,7 @@ struct State {
     /// The current memory generation: the number of device restarts
     /// (Note [Device memory generations]).
     generation: u64,
+    device: DeviceIndex,
 }
 
 /// Why an allocation failed: the C++ side raises `torch.OutOfMemoryError`
@@ -437,8 +453,11 @@ impl State {
         block.state = BlockState::Free;
         block.uses.clear();
         block.frames = None;
-        let (segment, stream) = (block.segment, block.stream);
-        self.segments.get_mut(&segment).expect("segment exists").last_free = stream.marker();
+        let (segment, stream, owner) = (block.segment, block.stream, block.owner);
+        let other_users = if owner & 1 == 1 { self.unfinished_streams() } else { Vec::new() };
+        let seg = self.segments.get_mut(&segment).expect("segment exists");
+        seg.last_free = stream.marker();
+        seg.other_users = other_users;
         self.add_free(id);
     }
 
@@ -472,11 +491,20 @@ impl State {
         owner & 1 == 1 && self.graph_pools.values().any(|p| p.key == owner)
     }
 
+    /// The current end of every stream of this device with unfinished work.
+    fn unfinished_streams(&self) -> Vec<(&'static StreamQueue, u64)> {
+        crate::device::existing_contexts()
+            .find(|ctx| ctx.index == self.device)
+            .map_or_else(Vec::new, |ctx| ctx.streams.unfinished_points())
+    }
+
     /// The stream points to wait for before the cache can be released:
     /// those of pending frees, and the last frees of cached segments.
     fn release_waits(&self) -> Vec<(&'static StreamQueue, u64)> {
         let pending = self.pending.iter().flat_map(|p| p.markers.iter().copied());
-        let cached = self.cached_segments().map(|(_, seg)| (seg.stream, seg.last_free));
+        let cached = self
+            .cached_segments()
+            .flat_map(|(_, seg)| std::iter::once((seg.stream, seg.last_free)).chain(seg.other_users.iter().copied()));
         pending.chain(cached).filter(|(stream, seq)| !stream.has_completed(*seq)).collect()
     }
 
@@ -485,7 +513,7 @@ impl State {
     fn release_cached_segments(&mut self, which: impl Fn(&Segment) -> bool) {
         let whole: Vec<usize> = self
             .cached_segments()
-            .filter(|(_, seg)| which(seg) && seg.stream.has_completed(seg.last_free))
+            .filter(|(_, seg)| which(seg) && seg.unused())
             .map(|(base, _)| *base)
             .collect();
         for base in whole {
@@ -538,7 +566,7 @@ impl State {
             frames: None,
             generation: 0,
         });
-        self.segments.insert(base, Segment { size, pool, stream, owner, first, last_free: 0 });
+        self.segments.insert(base, Segment { size, pool, stream, owner, first, last_free: 0, other_users: Vec::new() });
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, size);
         self.stats.num_device_alloc += 1;
@@ -549,7 +577,8 @@ impl State {
 
 impl DeviceAllocator {
     pub fn new(device: DeviceIndex) -> DeviceAllocator {
-        let state = State { stats: DeviceStats { max_split_size: i64::MAX, ..Default::default() }, ..Default::default() };
+        let state =
+            State { stats: DeviceStats { max_split_size: i64::MAX, ..Default::default() }, device, ..Default::default() };
         DeviceAllocator { device, capacity: options::get().device_memory, state: Mutex::new(state) }
     }
 

@@ -675,6 +675,11 @@ impl DeviceStreams {
         self.streams.iter().all(|s| s.wait_until(s.marker(), deadline))
     }
 
+    /// `(stream, its current end)` for every stream with unfinished work.
+    pub(crate) fn unfinished_points(&'static self) -> Vec<(&'static StreamQueue, u64)> {
+        self.streams.iter().map(|s| (s, s.marker())).filter(|(s, seq)| !s.has_completed(*seq)).collect()
+    }
+
     /// Abandons every stream's queued tasks, saying `why`; returns them
     /// (see `StreamQueue::abandon_queued`).
     pub(crate) fn abandon_all(&self, why: &str) -> Vec<Task> {

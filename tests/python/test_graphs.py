@@ -494,6 +494,24 @@ def test_reset_gives_memory_back(exact_memory):
     assert torch.openreg.memory_reserved() == reserved
 
 
+def test_graph_memory_outlives_work_queued_on_the_replay_stream():
+    """A graph's output read by work queued on the replay stream (not the
+    capturing one), then freed with the graph and the cache emptied: the
+    memory is unmapped only once that work has run (CUDA's cudaFree waits
+    for the device), never under it."""
+    x = torch.ones(4096, device=DEV)
+    s, g = torch.Stream(device=DEV), Graph()
+    with s, g:
+        y = x * 3
+    torch.openreg._sleep(50)  # the default stream is busy...
+    g.replay()  # ...so the replay is queued on it
+    z = y + 1  # and so is this read of the graph's output
+    del y
+    g.reset()
+    torch.openreg.empty_cache()
+    assert torch.equal(z.cpu(), torch.full((4096,), 4.0))
+
+
 def test_reset_and_recapture():
     """CUDA: ``reset()`` drops the captured graph (replay then raises) and
     the same graph object captures new work."""
