@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 
 use crate::device::{self, DeviceIndex};
 use crate::error::{Error, ErrorKind, Result};
-use crate::graph::{capture_of, Capture};
+use crate::graph::Capture;
 use crate::stream::{StreamQueue, Task};
 
 /// Reference point for timestamps, so elapsed times are plain subtractions.
@@ -43,7 +43,7 @@ struct Recorded {
 impl Recorded {
     /// The capture the event was recorded in, while that capture lasts.
     fn active_capture(&self) -> Option<&(Arc<Capture>, usize)> {
-        self.captured.as_ref().filter(|(capture, _)| capture_of(self.stream).is_some_and(|c| Arc::ptr_eq(&c, capture)))
+        self.captured.as_ref().filter(|(capture, _)| self.stream.capture().is_some_and(|c| Arc::ptr_eq(&c, capture)))
     }
 }
 
@@ -97,7 +97,7 @@ impl Event {
         }
         let mut st = self.state.lock();
         let version = st.recorded.as_ref().map_or(1, |r| r.version + 1);
-        if let Some(capture) = capture_of(stream) {
+        if let Some(capture) = stream.capture() {
             let node = capture.record_event(stream);
             st.recorded = Some(Recorded { version, stream, seq: stream.marker(), captured: Some((capture, node)) });
             return Ok(());

@@ -817,7 +817,7 @@ fn is_stream_capturing(device: i8, id: i64) -> Result<bool> {
 }
 
 fn is_current_stream_capturing(device: i8) -> Result<bool> {
-    Ok(stream::current(device.into())?.capture_pool() != 0)
+    Ok(crate::graph::is_capturing(stream::current(device.into())?))
 }
 
 fn profiler_start() {

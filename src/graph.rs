@@ -291,14 +291,9 @@ impl Capture {
     }
 }
 
-/// The capture `stream` takes part in, if it is capturing.
-pub fn capture_of(stream: &StreamQueue) -> Option<Arc<Capture>> {
-    stream.capture()
-}
-
 /// Whether `stream` is capturing (part of a capture).
 pub fn is_capturing(stream: &StreamQueue) -> bool {
-    stream.capture().is_some()
+    stream.capture_pool() != 0
 }
 
 /// Fails (and invalidates the capture) if `stream` is capturing: `what`, a
