@@ -67,9 +67,14 @@ struct OpenRegDeviceAllocator final : public c10::DeviceAllocator {
   // Storage-to-storage copies (e.g. Storage.clone) are synchronous: a
   // kernel on the current stream, which the caller waits for.
   void copy_data(void* dest, const void* src, std::size_t count) const override {
-    run_in_stream_order(ffi::current_device(), "a storage copy (Storage.copy_/clone)", [&] {
-      default_copy_data(dest, src, count);
-    });
+    run_in_stream_order(
+        ffi::current_device(), "a storage copy (Storage.copy_/clone)", [&] { default_copy_data(dest, src, count); },
+        "storage copy", [&] {
+          KernelInfo info("storage copy");
+          info.add_bytes(src, count, false);
+          info.add_bytes(dest, count, true);
+          return info;
+        });
   }
 
   bool initialized() override {

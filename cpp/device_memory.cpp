@@ -91,12 +91,13 @@ at::Tensor copy_to_device(const at::Tensor& host, c10::Device device) {
   at::Tensor copy = at::detail::empty_strided_generic(
       host.sizes(), host.strides(), device_memory_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
       host.scalar_type());
-  if (!run_inline(device.index(), host.numel(), [&] { cpu_view(copy).copy_(host); }, "copy to device")) {
+  const auto accesses = [&] { return KernelInfo("copy to device", {}, {copy}); };
+  if (!run_inline(device.index(), host.numel(), [&] { cpu_view(copy).copy_(host); }, "copy to device", accesses)) {
     queue_kernel(
         device.index(),
         [dst = kernel_operand(copy), src = kernel_operand(host)] { dst.copy_(src); },
         ffi::LaunchMode::Queue,
-        KernelInfo("copy to device", {}, {copy}));
+        accesses());
   }
   return copy;
 }
@@ -111,11 +112,14 @@ void resize_device_storage(const c10::Storage& storage, size_t new_bytes) {
       storage.unsafeGetStorageImpl()->set_data_ptr(storage.allocator()->allocate(new_bytes)));
   storage.unsafeGetStorageImpl()->set_nbytes(new_bytes);
   if (keep > 0) {
+    KernelInfo info("resize storage");
+    info.add_bytes(old->get(), keep, false);
+    info.add_bytes(storage.data(), keep, true);
     launch(
         storage.device().index(),
         [old, dst = storage.mutable_data(), keep] { std::memcpy(dst, old->get(), keep); },
         launch_mode_for(static_cast<int64_t>(keep / sizeof(float))),
-        KernelInfo("resize storage"));
+        std::move(info));
   }
 }
 
@@ -158,20 +162,35 @@ KernelInfo::KernelInfo(const char* name, std::initializer_list<at::Tensor> reads
 }
 
 void KernelInfo::add(const at::Tensor& t, bool written) {
-  if (!t.defined() || !t.has_storage()) {
+  if (!t.defined() || !t.has_storage() || t.numel() == 0) {
     return;
   }
+  int64_t last = 0; // the offset of the last element, in elements
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    last += (t.size(d) - 1) * std::abs(t.stride(d));
+  }
   const auto address = reinterpret_cast<uintptr_t>(t.storage().data()) + t.storage_offset() * t.itemsize();
-  const auto bytes = static_cast<size_t>(t.numel()) * t.itemsize();
+  const auto bytes = static_cast<size_t>(last + 1) * t.itemsize();
   for (const ffi::KernelBuffer& b : buffers) {
     if (b.address == address && b.bytes == bytes && b.written == written) {
       return; // an out= argument is also among the results
     }
   }
-  buffers.push_back({address, bytes, written});
+  buffers.push_back({address, bytes, written, reinterpret_cast<uintptr_t>(t.unsafeGetTensorImpl())});
+}
+
+void KernelInfo::add_bytes(const void* address, size_t bytes, bool written) {
+  buffers.push_back({reinterpret_cast<uintptr_t>(address), bytes, written, 0});
+}
+
+void sanitize(c10::DeviceIndex device, const KernelInfo& info) {
+  checked([&] { ffi::sanitize_launch(device, info.name, info.buffers.data(), info.buffers.size()); });
 }
 
 void queue_kernel(c10::DeviceIndex device, std::function<void()> body, ffi::LaunchMode mode, KernelInfo info) {
+  if (sanitizer_on()) {
+    sanitize(device, info);
+  }
   auto kernel = std::make_unique<ffi::Kernel>();
   kernel->body = std::move(body);
   kernel->name = info.name;
@@ -190,6 +209,13 @@ namespace openreg::ffi {
 void run_kernel(Kernel& kernel) {
   KernelThreads threads;
   kernel.body();
+}
+
+::rust::String describe_tensor(size_t tensor) {
+  const auto* impl = reinterpret_cast<const c10::TensorImpl*>(tensor);
+  std::ostringstream text;
+  text << c10::getDtypeNames(impl->dtype().toScalarType()).first << impl->sizes();
+  return ::rust::String(text.str());
 }
 
 ::rust::String describe_kernel(const Kernel& kernel) {

@@ -115,8 +115,10 @@ class KernelThreads {
 };
 
 // What a kernel is: its name (a string that lives for the process, like an
-// operator's name) and the tensors it reads and writes. Captured in a graph
-// it labels the kernel's node in the debug dump (src/graph.rs).
+// operator's name) and the memory it reads and writes. Captured in a graph
+// it labels the kernel's node in the debug dump (src/graph.rs); the stream
+// sanitizer checks each launch's accesses (Note [Stream sanitizer] in
+// src/sanitizer.rs).
 struct KernelInfo {
   const char* name = "kernel";
   std::vector<ffi::KernelBuffer> buffers;
@@ -124,8 +126,15 @@ struct KernelInfo {
   KernelInfo() = default;
   explicit KernelInfo(const char* name) : name(name) {}
   KernelInfo(const char* name, std::initializer_list<at::Tensor> reads, std::initializer_list<at::Tensor> writes);
+  // The bytes `t` spans in its storage (every element of a strided view).
   void add(const at::Tensor& t, bool written);
+  void add_bytes(const void* address, size_t bytes, bool written);
 };
+
+// Checks a launch on the current stream of `device` against the stream
+// sanitizer's model; throws its report in "raise" mode. Call only while
+// sanitizer_on().
+void sanitize(c10::DeviceIndex device, const KernelInfo& info);
 
 // Queues `body` as a kernel on the current stream of `device` (see
 // ffi::LaunchMode). A failure of a queued kernel is reported by the stream's
@@ -148,9 +157,11 @@ ffi::LaunchMode launch_mode_for(int64_t numel);
 // `device`, if `numel` is at most kInlineKernelElements and that stream is
 // idle (Note [Inline launches]); returns whether it did. The caller holds
 // its tensors meanwhile, so `body` may capture them by reference. `name`
-// (a string that lives for the process) names it to the profiler.
-template <typename Body>
-bool run_inline(c10::DeviceIndex device, int64_t numel, Body&& body, const char* name = "kernel") {
+// (a string that lives for the process) names it to the profiler;
+// `accesses()` returns its KernelInfo, asked for only by the sanitizer (a
+// caller that gets false queues the kernel with that KernelInfo itself).
+template <typename Body, typename Accesses>
+bool run_inline(c10::DeviceIndex device, int64_t numel, Body&& body, const char* name, Accesses&& accesses) {
   if (numel > kInlineKernelElements || !checked([&] { return ffi::begin_inline_kernel(device); })) {
     return false;
   }
@@ -160,6 +171,9 @@ bool run_inline(c10::DeviceIndex device, int64_t numel, Body&& body, const char*
       ffi::end_inline_kernel(device);
     }
   } end_inline{device};
+  if (sanitizer_on()) {
+    sanitize(device, accesses());
+  }
   DeviceAccess access;
   KernelThreads threads;
   if (!ffi::profiler_active()) {
@@ -177,7 +191,8 @@ bool run_inline(c10::DeviceIndex device, int64_t numel, Body&& body, const char*
 // here, without packaging it as a queued kernel.
 template <typename Body>
 void launch(c10::DeviceIndex device, Body&& body, ffi::LaunchMode mode, KernelInfo info = KernelInfo()) {
-  if (mode == ffi::LaunchMode::InlineIfIdle && run_inline(device, 0, body, info.name)) {
+  if (mode == ffi::LaunchMode::InlineIfIdle &&
+      run_inline(device, 0, body, info.name, [&info]() -> const KernelInfo& { return info; })) {
     return;
   }
   queue_kernel(device, std::forward<Body>(body), mode, std::move(info));
@@ -192,13 +207,30 @@ void launch(c10::DeviceIndex device, Body&& body, ffi::LaunchMode mode, KernelIn
 // operation for sync-debug mode, which reports it whether or not the stream
 // is busy (Note [Sync debug] in src/sync_debug.rs); an empty `what` marks a
 // wait of the runtime's own that CUDA would not make (a plan's first check,
-// Note [Meta results]), which is not reported.
-template <typename Body>
-void run_in_stream_order(c10::DeviceIndex device, rust::Str what, Body&& body, const char* name = "kernel") {
+// Note [Meta results]), which is not reported and orders nothing for the
+// stream sanitizer, while a wait the user asked for orders the host after
+// the stream's work. `accesses()` returns the KernelInfo (see run_inline).
+template <typename Body, typename Accesses>
+void run_in_stream_order(
+    c10::DeviceIndex device,
+    rust::Str what,
+    Body&& body,
+    const char* name,
+    Accesses&& accesses) {
   if (!what.empty()) {
     checked([&] { ffi::check_host_sync(what); });
   }
-  if (run_inline(device, 0, body, name)) {
+  struct HostWaited {
+    c10::DeviceIndex device;
+    bool user_wait;
+    void done() const {
+      if (user_wait && sanitizer_on()) {
+        checked([&] { ffi::sanitizer_host_waited(device); });
+      }
+    }
+  } host_waited{device, !what.empty()};
+  if (run_inline(device, 0, body, name, accesses)) {
+    host_waited.done();
     return;
   }
   std::exception_ptr failure;
@@ -212,10 +244,11 @@ void run_in_stream_order(c10::DeviceIndex device, rust::Str what, Body&& body, c
         }
       },
       ffi::LaunchMode::Wait,
-      KernelInfo(name));
+      sanitizer_on() ? KernelInfo(accesses()) : KernelInfo(name));
   if (failure) {
     std::rethrow_exception(failure);
   }
+  host_waited.done();
 }
 
 } // namespace openreg

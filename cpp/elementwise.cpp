@@ -60,7 +60,7 @@ at::Tensor binary(
             at::Tensor out_view = scratch_cpu_view(out, 0);
             compute(out_view, operand(self, 1), operand(other, 2));
           },
-          op)) {
+          op, [&] { return KernelInfo(op, {self, other}, {out}); })) {
     const bool capturing = kind && checked([&] { return ffi::is_current_stream_capturing(device.index()); });
     if (std::function<void()> raw = capturing ? raw_binary_kernel(*kind, out, self, other, alpha) : nullptr) {
       queue_kernel(device.index(), std::move(raw), ffi::LaunchMode::Queue, KernelInfo(op, {self, other}, {out}));

@@ -101,6 +101,21 @@ class Call {
     return largest_operand_;
   }
 
+  // What the op reads and writes of its arguments, from the schema's alias
+  // information (an argument marked `(a!)` is written). Results that are
+  // new tensors are written by the kernels that fill them.
+  KernelInfo accesses() const {
+    KernelInfo info(op.schema().name().c_str());
+    const auto& schema_arguments = op.schema().arguments();
+    for (size_t i = 0; i < schema_arguments.size() && first_arg + i < stack.size(); ++i) {
+      const c10::AliasInfo* alias = schema_arguments[i].alias_info();
+      for_each_tensor(stack[first_arg + i], [&](const at::Tensor& t) {
+        info.add(t, alias != nullptr && alias->isWrite());
+      });
+    }
+    return info;
+  }
+
   // The op's arguments on the stack; once it has run, its results.
   c10::ArrayRef<c10::IValue> arguments() const {
     return c10::ArrayRef<c10::IValue>(stack.data() + first_arg, stack.size() - first_arg);
@@ -241,14 +256,7 @@ void queue_with_planned_results(Call& call, c10::Device device, PlannedResults& 
       map_tensors(value, [](const at::Tensor& t) { return t.is_privateuseone() ? kernel_operand(t) : host_copy(t); });
     }
     torch::jit::Stack destinations = results;
-    KernelInfo info(call.op.schema().name().c_str());
-    const auto& schema_arguments = call.op.schema().arguments();
-    for (size_t i = 0; i < schema_arguments.size(); ++i) {
-      const c10::AliasInfo* alias = schema_arguments[i].alias_info();
-      for_each_tensor(call.stack[call.first_arg + i], [&](const at::Tensor& t) {
-        info.add(t, alias != nullptr && alias->isWrite());
-      });
-    }
+    KernelInfo info = call.accesses();
     for (c10::IValue& value : destinations) {
       for_each_tensor(value, [&](const at::Tensor& t) { info.add(t, true); });
       map_tensors(value, [](const at::Tensor& t) { return kernel_operand(t); });
@@ -312,7 +320,8 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::Device device = call.check_devices();
   c10::DeviceGuard guard(device);
   const char* name = op.schema().name().c_str();
-  if (run_inline(device.index(), call.largest_operand(), [&] { call.run_cpu_kernel_on_views(); }, name)) {
+  const auto accesses = [&call] { return call.accesses(); };
+  if (run_inline(device.index(), call.largest_operand(), [&] { call.run_cpu_kernel_on_views(); }, name, accesses)) {
     call.results_to_device(device);
     return;
   }
@@ -329,7 +338,7 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string what = lookup.to_check
       ? std::string()
       : op.schema().name() + " (the host waits for its results: a data-dependent shape or a host value)";
-  run_in_stream_order(device.index(), what, [&] { call.run_cpu_kernel_on_views(); }, name);
+  run_in_stream_order(device.index(), what, [&] { call.run_cpu_kernel_on_views(); }, name, accesses);
   call.results_to_device(device);
   if (lookup.to_check) {
     check_plan(*lookup.to_check, call.arguments());

@@ -140,17 +140,17 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   at::Scalar value;
   run_in_stream_order(
       self.device().index(), "Tensor.item() (_local_scalar_dense)",
-      [&] { value = at::native::_local_scalar_dense_cpu(cpu_view(self)); }, "aten::_local_scalar_dense");
+      [&] { value = at::native::_local_scalar_dense_cpu(cpu_view(self)); }, "aten::_local_scalar_dense",
+      [&] { return KernelInfo("aten::_local_scalar_dense", {self}, {}); });
   return value;
 }
 
 at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
   c10::DeviceGuard guard(self.device());
   const c10::DeviceIndex device = self.device().index();
-  if (!run_inline(device, self.numel(), [&] { cpu_view(self).fill_(value); }, "aten::fill_")) {
-    queue_kernel(
-        device, [self = kernel_operand(self), value] { self.fill_(value); }, ffi::LaunchMode::Queue,
-        KernelInfo("aten::fill_", {}, {self}));
+  const auto accesses = [&] { return KernelInfo("aten::fill_", {}, {self}); };
+  if (!run_inline(device, self.numel(), [&] { cpu_view(self).fill_(value); }, "aten::fill_", accesses)) {
+    queue_kernel(device, [self = kernel_operand(self), value] { self.fill_(value); }, ffi::LaunchMode::Queue, accesses());
   }
   return self;
 }
@@ -180,18 +180,34 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   if (!asynchronous) {
     checked([&] { ffi::check_host_sync("a blocking copy between openreg and host memory (Tensor.cpu(), .to(), copy_)"); });
   }
+  // Under the sanitizer a non-blocking copy with pinned memory is done now
+  // and its host memory guarded until the host synchronizes with it (Note
+  // [Pinned memory guard] in src/pinned_guard.rs).
+  const bool guard_pinned = asynchronous && !(src_on_device && dst_on_device) && sanitizer_on() &&
+      !checked([&] { return ffi::is_current_stream_capturing(device); });
   if (cross_device) {
     checked([&] { ffi::stream_wait_stream(device, dst.device().index()); });
   }
+  ffi::LaunchMode mode = asynchronous ? launch_mode_for(src.numel()) : ffi::LaunchMode::Wait;
   launch(
       device,
       // The operands keep the conjugate and negative bits (cpu_view): the CPU
       // copy_ resolves them (a lazily conjugated source is copied conjugated).
       [src = kernel_operand(src), dst = kernel_operand(dst)] { dst.copy_(src); },
-      asynchronous ? launch_mode_for(src.numel()) : ffi::LaunchMode::Wait,
+      guard_pinned ? ffi::LaunchMode::Wait : mode,
       KernelInfo("aten::copy_", {src}, {dst}));
   if (cross_device) {
     checked([&] { ffi::stream_wait_stream(dst.device().index(), device); });
+  }
+  if (sanitizer_on() && !asynchronous) {
+    checked([&] { ffi::sanitizer_host_waited(device); });
+  }
+  if (guard_pinned) {
+    KernelInfo span("pinned");
+    span.add(host, false);
+    for (const ffi::KernelBuffer& b : span.buffers) {
+      checked([&] { ffi::sanitizer_guard_pinned(device, b.address, b.bytes, src_on_device, b.tensor); });
+    }
   }
   return dst;
 }

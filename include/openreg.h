@@ -169,6 +169,22 @@ int orGetMemoryFraction(int device, double* fraction);
 int orSetSyncDebugMode(int mode);
 int orGetSyncDebugMode(void);
 
+/* The stream sanitizer (OPENREG_SANITIZER; README "Stream sanitizer"): mode
+ * 0 off, 1 raise (the offending launch fails with the report), 2 warn
+ * (reports are kept and printed at exit). Counts are per kind, in the order
+ * orSanitizerGetKindName(0..) names them ("race", "write_after_read",
+ * "freed_in_use", "pinned_host_access", "query_misuse"); a report's text is
+ * valid until this thread's next orSanitizerGetReport. The source
+ * collector returns "file:line" of the calling host code, or NULL. */
+int orSanitizerSetMode(int mode);
+int orSanitizerGetMode(void);
+int orSanitizerGetCounts(uint64_t* counts, size_t len);
+const char* orSanitizerGetKindName(size_t kind);
+size_t orSanitizerGetReportCount(void);
+int orSanitizerGetReport(size_t index, const char** text);
+void orSanitizerClear(void);
+void orSanitizerSetSourceCollector(const char* (*collector)(void));
+
 /* Fault injection: `kind` "alloc", "kernel", "event" or "enumerate"; `after`
  * more operations of that kind succeed, the next one fails once with an
  * error saying it was injected (a kernel's failure is reported by the next

@@ -521,6 +521,7 @@ impl State {
             self.remove_free(seg.first);
             self.retire_block(seg.first);
             memory::unmap(base, seg.size);
+            crate::sanitizer::unmapped(base, seg.size);
             self.note(TraceEntry::new(Action::SegmentFree, base, seg.size, seg.stream.id(), None));
             self.stats.segment.decrease(seg.pool, 1);
             self.stats.reserved_bytes.decrease(seg.pool, seg.size);
@@ -588,6 +589,12 @@ impl DeviceAllocator {
 
     /// `size` bytes for work on `stream`; 0 bytes is the null pointer.
     pub fn malloc(&self, size: usize, stream: &'static StreamQueue) -> std::result::Result<usize, AllocError> {
+        let ptr = self.malloc_block(size, stream)?;
+        crate::sanitizer::allocated(ptr, size, stream);
+        Ok(ptr)
+    }
+
+    fn malloc_block(&self, size: usize, stream: &'static StreamQueue) -> std::result::Result<usize, AllocError> {
         if size == 0 {
             return Ok(0);
         }
@@ -759,12 +766,15 @@ impl DeviceAllocator {
         st.stats.allocated_bytes.decrease(pool, size);
         st.stats.requested_bytes.decrease(pool, requested);
         st.note(TraceEntry::new(Action::FreeRequested, ptr, size, stream, frames.clone()));
+        let recorded = if crate::sanitizer::active() { st.block(id).uses.clone() } else { Vec::new() };
         if markers.is_empty() {
             st.note(TraceEntry::new(Action::FreeCompleted, ptr, size, stream, frames));
             st.release_block(id);
         } else {
             st.pending.push(PendingFree { block: id, markers });
         }
+        drop(st); // the sanitizer locks its own state, never under ours
+        crate::sanitizer::freed(ptr, &recorded);
         Some(Ok(()))
     }
 
@@ -951,6 +961,24 @@ impl DeviceAllocator {
         st.segments.range(..=ptr).next_back().is_some_and(|(base, seg)| ptr < base + seg.size)
     }
 
+    /// The live allocation that holds `ptr`: its start, requested size and
+    /// allocation stream.
+    pub fn allocation_containing(&self, ptr: usize) -> Option<(usize, usize, &'static StreamQueue)> {
+        let st = self.state.lock();
+        let (&segment_base, segment) = st.segments.range(..=ptr).next_back()?;
+        if ptr >= segment_base + segment.size {
+            return None;
+        }
+        let mut id = Some(segment.first);
+        while let Some(block) = id.map(|id| st.block(id)) {
+            if (block.ptr..block.ptr + block.size).contains(&ptr) {
+                return (block.state == BlockState::Allocated).then_some((block.ptr, block.requested, block.stream));
+            }
+            id = block.next;
+        }
+        None
+    }
+
     /// The live allocation starting at `ptr`: its usable size in bytes.
     pub fn allocation_size(&self, ptr: usize) -> Option<usize> {
         let st = self.state.lock();
@@ -1014,6 +1042,12 @@ pub fn check_current(ptr: usize) -> Result<()> {
 /// The device whose memory holds `ptr`, among devices with a context.
 pub fn device_of(ptr: usize) -> Option<DeviceIndex> {
     crate::device::existing_contexts().find(|ctx| ctx.allocator.owns(ptr)).map(|ctx| ctx.index)
+}
+
+/// The live device allocation that holds `ptr`, on any device: its start,
+/// requested size and allocation stream.
+pub fn allocation_containing(ptr: usize) -> Option<(usize, usize, &'static StreamQueue)> {
+    crate::device::existing_contexts().find_map(|ctx| ctx.allocator.allocation_containing(ptr))
 }
 
 /// Frees `ptr` on whichever device owns it (a `DataPtr` deleter knows only

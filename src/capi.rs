@@ -227,7 +227,7 @@ pub extern "C" fn orStreamGetPriority(stream: *const c_void, priority: *mut c_in
 /// `orSuccess` if all work on the stream has finished, else `orErrorNotReady`.
 #[no_mangle]
 pub extern "C" fn orStreamQuery(stream: *const c_void) -> OrError {
-    guarded(|| match stream_arg(stream).and_then(|s| crate::graph::check_not_capturing(s, "orStreamQuery").map(|_| s))?.query() {
+    guarded(|| match crate::ffi::query_and_learn(stream_arg(stream).and_then(|s| crate::graph::check_not_capturing(s, "orStreamQuery").map(|_| s))?) {
         true => Ok(()),
         false => Err(Error::new(ErrorKind::NotReady, "the stream has unfinished work")),
     })
@@ -240,7 +240,7 @@ pub extern "C" fn orStreamSynchronize(stream: *const c_void) -> OrError {
         let what = format!("Stream.synchronize() of {stream}");
         crate::graph::check_host_sync(&what, Some(stream))?;
         crate::sync_debug::check(&what)?;
-        stream.synchronize()
+        crate::ffi::synchronize_and_learn(stream)
     })
 }
 
@@ -785,4 +785,89 @@ pub extern "C" fn orGraphPoolHandle(first: *mut u64, second: *mut u64) -> OrErro
         put(first, a)?;
         put(second, b)
     })
+}
+
+// The stream sanitizer (Note [Stream sanitizer] in sanitizer.rs).
+
+/// 0 off, 1 raise, 2 warn.
+#[no_mangle]
+pub extern "C" fn orSanitizerSetMode(mode: c_int) -> OrError {
+    use crate::sanitizer::Mode;
+    guarded(|| {
+        let mode = match mode {
+            0 => Mode::Off,
+            1 => Mode::Raise,
+            2 => Mode::Warn,
+            other => return Err(Error::invalid_value(format!("sanitizer mode {other} is invalid (expected 0 off, 1 raise or 2 warn)"))),
+        };
+        crate::sanitizer::set_mode(mode);
+        Ok(())
+    })
+}
+
+/// The mode in force: 0 off, 1 raise, 2 warn.
+#[no_mangle]
+pub extern "C" fn orSanitizerGetMode() -> c_int {
+    crate::sanitizer::mode() as c_int
+}
+
+/// The reports so far, by kind, in the order of `orSanitizerGetKindName`.
+#[no_mangle]
+pub extern "C" fn orSanitizerGetCounts(counts: *mut u64, len: usize) -> OrError {
+    guarded(|| {
+        let all = crate::sanitizer::counts();
+        if counts.is_null() || len < all.len() {
+            return Err(Error::invalid_value(format!("orSanitizerGetCounts: needs room for {} counts", all.len())));
+        }
+        // SAFETY: the caller's buffer holds `len` >= all.len() counts.
+        unsafe { std::ptr::copy_nonoverlapping(all.as_ptr(), counts, all.len()) };
+        Ok(())
+    })
+}
+
+/// The name of report kind `kind` ("race", ...), or null past the last.
+#[no_mangle]
+pub extern "C" fn orSanitizerGetKindName(kind: usize) -> *const c_char {
+    const NAMES: [&CStr; 5] = [c"race", c"write_after_read", c"freed_in_use", c"pinned_host_access", c"query_misuse"];
+    NAMES.get(kind).map_or(std::ptr::null(), |n| n.as_ptr())
+}
+
+thread_local! {
+    static REPORT: std::cell::RefCell<CString> = std::cell::RefCell::new(CString::default());
+}
+
+/// How many reports are kept.
+#[no_mangle]
+pub extern "C" fn orSanitizerGetReportCount() -> usize {
+    crate::sanitizer::reports().len()
+}
+
+/// Report `index`'s text, valid until the next call on this thread.
+#[no_mangle]
+pub extern "C" fn orSanitizerGetReport(index: usize, text: *mut *const c_char) -> OrError {
+    guarded(|| {
+        let reports = crate::sanitizer::reports();
+        let report = reports
+            .get(index)
+            .ok_or_else(|| Error::invalid_value(format!("sanitizer report {index} does not exist ({} reports)", reports.len())))?;
+        let owned = CString::new(report.replace('\0', " ")).unwrap_or_default();
+        let ptr = REPORT.with(|r| {
+            *r.borrow_mut() = owned;
+            r.borrow().as_ptr()
+        });
+        put(text, ptr)
+    })
+}
+
+/// Drops the reports and counts.
+#[no_mangle]
+pub extern "C" fn orSanitizerClear() {
+    crate::sanitizer::clear()
+}
+
+/// Installs the function that gives the Python line of the calling host
+/// code for reports (null: none); see `sanitizer::SourceCollector`.
+#[no_mangle]
+pub extern "C" fn orSanitizerSetSourceCollector(collector: Option<crate::sanitizer::SourceCollector>) {
+    crate::sanitizer::set_source_collector(collector)
 }

@@ -286,7 +286,14 @@ pub fn can_access_peer(device: i64, peer: i64) -> Result<bool> {
     Ok(true)
 }
 
-/// Waits for every stream of device `index`.
+/// Waits for every stream of device `index` (a user's synchronize: the
+/// host is then ordered after all of their work, Note [Stream sanitizer]).
 pub fn synchronize_device(index: i64) -> Result<()> {
-    context(index)?.streams.synchronize_all()
+    let streams = &context(index)?.streams;
+    let point = crate::sanitizer::active().then(|| crate::sanitizer::streams_point(&streams.all())).flatten();
+    streams.synchronize_all()?;
+    if let Some(point) = point {
+        crate::sanitizer::host_waited_for(&point, false);
+    }
+    Ok(())
 }

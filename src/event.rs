@@ -27,6 +27,7 @@ use parking_lot::Mutex;
 use crate::device::{self, DeviceIndex};
 use crate::error::{Error, ErrorKind, Result};
 use crate::graph::Capture;
+use crate::sanitizer::{self, Clock};
 use crate::stream::{StreamQueue, Task};
 
 /// Reference point for timestamps, so elapsed times are plain subtractions.
@@ -38,6 +39,8 @@ struct Recorded {
     seq: u64,
     /// Recorded inside a capture: the capture and the event's node.
     captured: Option<(Arc<Capture>, usize)>,
+    /// The recording stream's clock (Note [Stream sanitizer]), when on.
+    clock: Option<Arc<Clock>>,
 }
 
 impl Recorded {
@@ -50,7 +53,7 @@ impl Recorded {
 /// What a waiter must wait for: a point of a stream, or a node of an
 /// active capture.
 enum Target {
-    Point(&'static StreamQueue, u64),
+    Point(&'static StreamQueue, u64, Option<Arc<Clock>>),
     Captured(Arc<Capture>, usize),
 }
 
@@ -99,13 +102,13 @@ impl Event {
         let version = st.recorded.as_ref().map_or(1, |r| r.version + 1);
         if let Some(capture) = stream.capture() {
             let node = capture.record_event(stream);
-            st.recorded = Some(Recorded { version, stream, seq: stream.marker(), captured: Some((capture, node)) });
+            st.recorded = Some(Recorded { version, stream, seq: stream.marker(), captured: Some((capture, node)), clock: None });
             return Ok(());
         }
         let timestamp = self.timing.then(|| (Arc::clone(self), version));
         // Lock order: event, then stream (`mark` locks the stream).
         let (seq, reached_at) = stream.mark(timestamp)?;
-        st.recorded = Some(Recorded { version, stream, seq, captured: None });
+        st.recorded = Some(Recorded { version, stream, seq, captured: None, clock: sanitizer::stream_point(stream) });
         if let Some(at) = reached_at {
             st.stamped = Some((version, at));
         }
@@ -122,8 +125,16 @@ impl Event {
             Some(Target::Captured(capture, node)) => capture.wait_event(stream, node),
             // Nothing to wait for when the stream passes its own marker in
             // order, or when the marked point has already been reached.
-            Some(Target::Point(source, seq)) if !std::ptr::eq(source, stream) && !source.has_completed(seq) => {
-                stream.submit(Task::WaitFor { stream: source, seq }).map(drop)
+            Some(Target::Point(source, seq, clock)) => {
+                // The edge is the wait itself, whether or not the point has
+                // been reached (Note [Stream sanitizer]).
+                if let Some(clock) = clock {
+                    sanitizer::stream_waits(stream, &clock);
+                }
+                if !std::ptr::eq(source, stream) && !source.has_completed(seq) {
+                    stream.submit(Task::WaitFor { stream: source, seq })?;
+                }
+                Ok(())
             }
             _ => Ok(()),
         }
@@ -137,7 +148,7 @@ impl Event {
         match (&recorded.captured, recorded.active_capture()) {
             (_, Some((capture, node))) => Some(Target::Captured(Arc::clone(capture), *node)),
             (Some(_), None) => None,
-            (None, _) => Some(Target::Point(recorded.stream, recorded.seq)),
+            (None, _) => Some(Target::Point(recorded.stream, recorded.seq, recorded.clock.clone())),
         }
     }
 
@@ -156,7 +167,13 @@ impl Event {
     pub fn query(&self) -> Result<bool> {
         self.check_not_captured("Event.query()")?;
         Ok(match self.target() {
-            Some(Target::Point(stream, seq)) => stream.has_completed(seq),
+            Some(Target::Point(stream, seq, clock)) => {
+                let done = stream.has_completed(seq);
+                if let Some(clock) = clock.filter(|_| done) {
+                    sanitizer::host_waited_for(&clock, true); // up to the record only
+                }
+                done
+            }
             _ => true,
         })
     }
@@ -167,10 +184,14 @@ impl Event {
         let what = "Event.synchronize()";
         self.check_not_captured(what)?;
         match self.target() {
-            Some(Target::Point(stream, seq)) => {
+            Some(Target::Point(stream, seq, clock)) => {
                 crate::graph::check_host_sync(what, Some(stream))?;
                 crate::sync_debug::check(what)?;
-                stream.wait_for(seq, false)
+                stream.wait_for(seq, false)?;
+                if let Some(clock) = clock {
+                    sanitizer::host_waited_for(&clock, false);
+                }
+                Ok(())
             }
             _ => crate::sync_debug::check(what),
         }

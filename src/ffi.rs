@@ -8,6 +8,7 @@
 //! `(device, id)` values (see Note [StreamId assignment]); generators as an
 //! opaque Rust `Generator` the shim holds in a `rust::Box`.
 
+use std::ffi::c_char;
 use std::sync::Arc;
 
 use crate::allocator;
@@ -215,6 +216,19 @@ mod bridge {
         /// far on the current stream of `device`.
         fn stream_wait_stream(waiter: i8, device: i8) -> Result<()>;
 
+        // The stream sanitizer (src/sanitizer.rs); the shim calls these only
+        // while `openreg_sanitizer_on` is set.
+        /// Checks a launch named `name` on the current stream of `device`
+        /// that accesses `count` buffers at `buffers`.
+        unsafe fn sanitize_launch(device: i8, name: *const c_char, buffers: *const KernelBuffer, count: usize) -> Result<()>;
+        /// The host has waited for everything launched so far on the
+        /// current stream of `device`, as the user asked (a blocking copy,
+        /// `.item()`).
+        fn sanitizer_host_waited(device: i8) -> Result<()>;
+        /// Guards pinned host memory of a non-blocking copy just launched on
+        /// the current stream of `device` (Note [Pinned memory guard]).
+        fn sanitizer_guard_pinned(device: i8, address: usize, bytes: usize, device_writes: bool, tensor: usize) -> Result<()>;
+
         // Generators (src/generator.rs). A `Generator` is a handle: the
         // handles of a device's default generator share its state.
         type Generator;
@@ -291,6 +305,12 @@ mod bridge {
         fn kernel_name(kernel: &Kernel) -> *const c_char;
         /// What `kernel` is and touches, for a graph's debug dump.
         fn describe_kernel(kernel: &Kernel) -> String;
+
+        /// A range of memory a kernel reads or writes; the same layout as
+        /// `sanitizer::KernelBuffer`.
+        type KernelBuffer;
+        /// "float32[64, 256]" for the `c10::TensorImpl` at `tensor`.
+        fn describe_tensor(tensor: usize) -> String;
     }
 }
 
@@ -417,7 +437,18 @@ fn stream_native_handle(device: i8, id: i64) -> Result<usize> {
 fn query_stream(device: i8, id: i64) -> Result<bool> {
     let stream = stream::lookup(device.into(), id)?;
     crate::graph::check_not_capturing(stream, "Stream.query()")?;
-    Ok(stream.query())
+    Ok(query_and_learn(stream))
+}
+
+/// `stream.query()`; true also orders the host after the stream's work so
+/// far (Note [Stream sanitizer]).
+pub(crate) fn query_and_learn(stream: &'static stream::StreamQueue) -> bool {
+    let point = crate::sanitizer::streams_point(&[stream]);
+    let done = stream.query();
+    if let Some(point) = point.filter(|_| done) {
+        crate::sanitizer::host_waited_for(&point, true);
+    }
+    done
 }
 
 fn synchronize_stream(device: i8, id: i64) -> Result<()> {
@@ -425,7 +456,18 @@ fn synchronize_stream(device: i8, id: i64) -> Result<()> {
     let what = format!("Stream.synchronize() of {stream}");
     crate::graph::check_host_sync(&what, Some(stream))?;
     crate::sync_debug::check(&what)?;
-    stream.synchronize()
+    synchronize_and_learn(stream)
+}
+
+/// `stream.synchronize()`, the host then ordered after the stream's work
+/// so far (Note [Stream sanitizer]).
+pub(crate) fn synchronize_and_learn(stream: &'static stream::StreamQueue) -> Result<()> {
+    let point = crate::sanitizer::streams_point(&[stream]);
+    stream.synchronize()?;
+    if let Some(point) = point {
+        crate::sanitizer::host_waited_for(&point, false);
+    }
+    crate::sanitizer::take_deferred_error()
 }
 
 /// `event` is 0 (created here, on its first record) or a handle from an
@@ -637,11 +679,38 @@ fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMod
 
 fn stream_wait_stream(waiter: i8, device: i8) -> Result<()> {
     let (waiter, source) = (stream::current(waiter.into())?, stream::current(device.into())?);
+    crate::sanitizer::stream_waits_stream(waiter, source);
     let seq = source.marker();
     if std::ptr::eq(waiter, source) || source.has_completed(seq) {
         return Ok(());
     }
     waiter.submit(stream::Task::WaitFor { stream: source, seq }).map(drop)
+}
+
+/// # Safety
+/// `buffers` points to `count` `KernelBuffer`s (cpp/shim.h), laid out as
+/// `sanitizer::KernelBuffer` (the shim asserts it).
+unsafe fn sanitize_launch(device: i8, name: *const c_char, buffers: *const bridge::KernelBuffer, count: usize) -> Result<()> {
+    let stream = stream::current(device.into())?;
+    let buffers = match count {
+        0 => &[][..],
+        // SAFETY: per this function's contract.
+        _ => unsafe { std::slice::from_raw_parts(buffers.cast::<crate::sanitizer::KernelBuffer>(), count) },
+    };
+    // SAFETY: a kernel's name lives for the process (cpp/shim.h).
+    let name = unsafe { stream::TaskName::kernel_from_ptr(name) };
+    crate::sanitizer::check_launch(stream, name, buffers, &|tensor| bridge::describe_tensor(tensor))
+}
+
+fn sanitizer_host_waited(device: i8) -> Result<()> {
+    crate::sanitizer::host_waited_for_stream(stream::current(device.into())?, false);
+    crate::sanitizer::take_deferred_error()
+}
+
+fn sanitizer_guard_pinned(device: i8, address: usize, bytes: usize, device_writes: bool, tensor: usize) -> Result<()> {
+    let stream = stream::current(device.into())?;
+    crate::sanitizer::guard_pinned_copy(stream, address, bytes, device_writes, &bridge::describe_tensor(tensor));
+    Ok(())
 }
 
 fn default_generator(device: i8) -> Result<Box<Generator>> {

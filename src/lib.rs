@@ -22,6 +22,8 @@ pub mod op_timeout;
 pub mod options;
 pub mod pinned;
 pub mod profiler;
+pub mod sanitizer;
+mod pinned_guard;
 pub mod stream;
 pub mod sync_debug;
 pub mod utilization;

@@ -56,6 +56,8 @@ use crate::options;
 // Release priorities: lower numbers are released first.
 /// Drain and stop every stream worker before anything they use is released.
 pub const PRIORITY_STREAMS: i32 = 0;
+/// Before the streams stop: the sanitizer's collected reports are printed.
+pub const PRIORITY_REPORTS: i32 = -10;
 /// Return cached device memory once no worker can touch it.
 pub const PRIORITY_MEMORY: i32 = 50;
 
@@ -91,6 +93,7 @@ static AT_EXIT: AtomicBool = AtomicBool::new(false);
 
 /// Runs once, from `device::init`.
 pub(crate) fn on_first_init() {
+    crate::sanitizer::init_from_options();
     register_release(PRIORITY_STREAMS, "stream workers", || {
         let deadline = AT_EXIT.load(Ordering::Acquire).then(exit_deadline);
         let stopped = device::existing_contexts().fold(true, |all, ctx| ctx.streams.shut_down_all(deadline) && all);

@@ -66,6 +66,9 @@ pub struct Options {
     pub exit_drain_ms: u64,
     /// `OPENREG_SYNC_DEBUG`: the initial sync-debug mode (`crate::sync_debug`).
     pub sync_debug: SyncDebugMode,
+    /// `OPENREG_SANITIZER`: the initial stream sanitizer mode
+    /// (Note [Stream sanitizer] in sanitizer.rs).
+    pub sanitizer: crate::sanitizer::Mode,
     /// `OPENREG_STREAM_POOL_SIZE`: streams in each priority's pool of a
     /// device, 1..=MAX_STREAM_POOL_SIZE (Note [StreamId assignment]).
     pub stream_pool_size: usize,
@@ -152,6 +155,9 @@ impl Options {
             exit_drain_ms: r.read("OPENREG_EXIT_DRAIN_MS", DEFAULT_EXIT_DRAIN_MS, MILLISECONDS, parse_u64),
             sync_debug: r.read("OPENREG_SYNC_DEBUG", SyncDebugMode::Default, "one of default, warn, error", |s| {
                 parse_choice(s, &SyncDebugMode::NAMES)
+            }),
+            sanitizer: r.read("OPENREG_SANITIZER", crate::sanitizer::Mode::Off, "one of 0, 1, raise, warn", |s| {
+                parse_choice(s, &crate::sanitizer::Mode::NAMES)
             }),
             stream_pool_size: r.read(
                 "OPENREG_STREAM_POOL_SIZE",
@@ -267,6 +273,11 @@ impl Options {
                 name: "OPENREG_SYNC_DEBUG",
                 value: self.sync_debug.name().to_string(),
                 help: "initial set_sync_debug_mode: default, warn or error on host-blocking operations",
+            },
+            OptionEntry {
+                name: "OPENREG_SANITIZER",
+                value: self.sanitizer.name().to_string(),
+                help: "stream sanitizer: 0 (off, default), 1 or raise (the offending op fails), warn (reports printed at exit)",
             },
             OptionEntry {
                 name: "OPENREG_STREAM_POOL_SIZE",

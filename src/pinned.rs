@@ -64,6 +64,7 @@ pub fn free(ptr: usize) {
         registry.stats.allocated_bytes.decrease(len);
         registry.stats.num_host_free += 1;
         drop(registry);
+        crate::pinned_guard::forget(ptr, len);
         memory::unmap_host(ptr, len);
     }
 }

@@ -76,7 +76,7 @@ pub fn pool_size() -> usize {
 
 /// Streams of one device: the default stream and every pool's.
 #[inline]
-fn streams_per_device() -> usize {
+pub(crate) fn streams_per_device() -> usize {
     1 + PRIORITY_LEVELS * pool_size()
 }
 
@@ -662,6 +662,11 @@ impl DeviceStreams {
         let pool = pool_size();
         let slot = self.next_slot[level].fetch_add(1, Ordering::Relaxed) % pool;
         &self.streams[1 + level * pool + slot]
+    }
+
+    /// Every stream of the device.
+    pub(crate) fn all(&'static self) -> Vec<&'static StreamQueue> {
+        self.streams.iter().collect()
     }
 
     pub fn synchronize_all(&self) -> Result<()> {

@@ -6,6 +6,7 @@
 #include <Python.h>
 
 #include <climits>
+#include <cstring>
 #include <ctime>
 #include <string>
 #include <vector>
@@ -328,6 +329,120 @@ static PyObject* get_sync_debug_mode(PyObject* self, PyObject* unused) {
   return PyLong_FromLong(orGetSyncDebugMode());
 }
 
+/* The stream sanitizer (torch.openreg.sanitizer). */
+static PyObject* sanitizer_set_mode(PyObject* self, PyObject* arg) {
+  long mode = PyLong_AsLong(arg);
+  if (mode == -1 && PyErr_Occurred())
+    return NULL;
+  CHECK(orSanitizerSetMode((int)mode));
+  Py_RETURN_NONE;
+}
+
+static PyObject* sanitizer_mode(PyObject* self, PyObject* unused) {
+  return PyLong_FromLong(orSanitizerGetMode());
+}
+
+/* {kind: count} */
+static PyObject* sanitizer_counts(PyObject* self, PyObject* unused) {
+  uint64_t counts[8] = {0};
+  CHECK(orSanitizerGetCounts(counts, 8));
+  PyObject* result = PyDict_New();
+  for (size_t kind = 0; result && orSanitizerGetKindName(kind); ++kind) {
+    PyObject* count = PyLong_FromUnsignedLongLong(counts[kind]);
+    if (!count || PyDict_SetItemString(result, orSanitizerGetKindName(kind), count) < 0) {
+      Py_XDECREF(count);
+      Py_DECREF(result);
+      return NULL;
+    }
+    Py_DECREF(count);
+  }
+  return result;
+}
+
+static PyObject* sanitizer_reports(PyObject* self, PyObject* unused) {
+  size_t count = orSanitizerGetReportCount();
+  PyObject* result = PyList_New(0);
+  for (size_t i = 0; result && i < count; ++i) {
+    const char* text = NULL;
+    if (orSanitizerGetReport(i, &text) != orSuccess)
+      break; /* cleared meanwhile by another thread */
+    PyObject* item = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+    if (!item || PyList_Append(result, item) < 0) {
+      Py_XDECREF(item);
+      Py_DECREF(result);
+      return NULL;
+    }
+    Py_DECREF(item);
+  }
+  return result;
+}
+
+static PyObject* sanitizer_clear(PyObject* self, PyObject* unused) {
+  Py_BEGIN_ALLOW_THREADS orSanitizerClear();
+  Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
+/* Directories whose frames are library code, not the user's: a report names
+ * the innermost frame outside them. */
+static std::vector<std::string> library_roots;
+
+/* The sanitizer's source collector: "file:line" of the innermost Python
+ * frame outside the library roots, on a thread that holds the GIL (never
+ * waits for it: the runtime may call this from any thread). */
+static const char* python_source_line(void) {
+  static thread_local std::string text;
+  if (!Py_IsInitialized() || _Py_IsFinalizing() || !PyGILState_Check())
+    return NULL;
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  const char* found = NULL;
+  PyFrameObject* frame = PyEval_GetFrame();
+  Py_XINCREF(frame);
+  while (frame && !found) {
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    PyObject* filename = PyObject_GetAttrString((PyObject*)code, "co_filename");
+    const char* file = filename ? PyUnicode_AsUTF8(filename) : NULL;
+    bool library = file == NULL || file[0] == '<';
+    for (size_t i = 0; file && !library && i < library_roots.size(); ++i)
+      library = strncmp(file, library_roots[i].c_str(), library_roots[i].size()) == 0;
+    if (!library) {
+      text = std::string(file) + ":" + std::to_string(PyFrame_GetLineNumber(frame));
+      found = text.c_str();
+    }
+    Py_XDECREF(filename);
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(frame);
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  PyErr_Clear();
+  PyErr_Restore(type, value, traceback);
+  return found;
+}
+
+/* _sanitizer_set_library_roots([dir, ...]): installs the source collector. */
+static PyObject* sanitizer_set_library_roots(PyObject* self, PyObject* arg) {
+  std::vector<std::string> roots;
+  PyObject* iterator = PyObject_GetIter(arg);
+  if (!iterator)
+    return NULL;
+  while (PyObject* item = PyIter_Next(iterator)) {
+    const char* text = PyUnicode_AsUTF8(item);
+    if (text)
+      roots.emplace_back(text);
+    Py_DECREF(item);
+    if (!text)
+      break;
+  }
+  Py_DECREF(iterator);
+  if (PyErr_Occurred())
+    return NULL;
+  library_roots = std::move(roots);
+  orSanitizerSetSourceCollector(python_source_line);
+  Py_RETURN_NONE;
+}
+
 /* _malloc(size) / _free(ptr): device memory from the caching allocator, for
  * the current stream of the current device (caching_allocator_alloc). */
 static PyObject* device_malloc(PyObject* self, PyObject* arg) {
@@ -496,6 +611,12 @@ static PyMethodDef methods[] = {
     {"_is_current_stream_capturing", is_current_stream_capturing, METH_O, "Whether a device's current stream captures."},
     {"_get_memory_fraction", get_memory_fraction, METH_O, "A device's per-process memory fraction."},
     {"_set_sync_debug_mode", set_sync_debug_mode, METH_O, "0 default, 1 warn, 2 error."},
+    {"_sanitizer_set_mode", sanitizer_set_mode, METH_O, "0 off, 1 raise, 2 warn."},
+    {"_sanitizer_mode", sanitizer_mode, METH_NOARGS, "0 off, 1 raise, 2 warn."},
+    {"_sanitizer_counts", sanitizer_counts, METH_NOARGS, "Reports so far, by kind."},
+    {"_sanitizer_reports", sanitizer_reports, METH_NOARGS, "The reports' texts."},
+    {"_sanitizer_clear", sanitizer_clear, METH_NOARGS, "Drops reports and counts."},
+    {"_sanitizer_set_library_roots", sanitizer_set_library_roots, METH_O, "Library directories for source lines."},
     {"_get_sync_debug_mode", get_sync_debug_mode, METH_NOARGS, "0 default, 1 warn, 2 error."},
     {"_malloc", device_malloc, METH_O, "Device memory for the current stream."},
     {"_free", device_free, METH_O, "Free device memory from _malloc."},

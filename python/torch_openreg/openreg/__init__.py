@@ -14,7 +14,7 @@ import torch
 
 from torch_openreg import _C
 
-from . import amp, memory
+from . import amp, memory, sanitizer
 from .amp import (
     get_amp_supported_dtype,
     get_autocast_dtype,
@@ -235,6 +235,7 @@ __all__ = [
     "max_memory_reserved",
     "mem_get_info",
     "memory",
+    "sanitizer",
     "memory_allocated",
     "memory_cached",
     "memory_reserved",
