@@ -86,13 +86,13 @@ at::Tensor empty_on_current_device(
       sizes, device_memory_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype, memory_format);
 }
 
-at::Tensor copy_to_device(const at::Tensor& host, c10::Device device) {
+at::Tensor copy_to_device(const at::Tensor& host, c10::Device device, const char* name) {
   c10::DeviceGuard guard(device);
   at::Tensor copy = at::detail::empty_strided_generic(
       host.sizes(), host.strides(), device_memory_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
       host.scalar_type());
-  const auto accesses = [&] { return KernelInfo("copy to device", {}, {copy}); };
-  if (!run_inline(device.index(), host.numel(), [&] { cpu_view(copy).copy_(host); }, "copy to device", accesses)) {
+  const auto accesses = [&] { return KernelInfo(name, {}, {copy}); };
+  if (!run_inline(device.index(), host.numel(), [&] { cpu_view(copy).copy_(host); }, name, accesses)) {
     queue_kernel(
         device.index(),
         [dst = kernel_operand(copy), src = kernel_operand(host)] { dst.copy_(src); },

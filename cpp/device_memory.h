@@ -64,8 +64,9 @@ at::Tensor empty_on_current_device(
 
 // A new openreg tensor on `device` (same sizes and strides as the CPU tensor
 // `host`) whose contents are copied from `host` by a kernel on the current
-// stream of `device`; `host` is kept alive until then.
-at::Tensor copy_to_device(const at::Tensor& host, c10::Device device);
+// stream of `device`; `host` is kept alive until then. `name` (a string that
+// lives for the process) names the kernel: the op whose result it carries.
+at::Tensor copy_to_device(const at::Tensor& host, c10::Device device, const char* name = "copy to device");
 
 // Gives `storage` (openreg memory) `new_bytes` of fresh memory on its device;
 // the old bytes that fit are copied, and the old memory released, by a

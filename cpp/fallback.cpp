@@ -170,7 +170,7 @@ class Call {
           at::Tensor bytes = view.detach();
           bytes.unsafeGetTensorImpl()->_set_conj(false);
           bytes.unsafeGetTensorImpl()->_set_neg(false);
-          const_cast<at::Tensor&>(original).set_(copy_to_device(bytes, original.device()));
+          const_cast<at::Tensor&>(original).set_(copy_to_device(bytes, original.device(), op.schema().name().c_str()));
         } else if (!same_geometry(view, original)) {
           // Resized within its storage (an out= that shrank).
           const_cast<at::Tensor&>(original).set_(
@@ -192,7 +192,7 @@ class Call {
         return alias;
       }
     }
-    return copy_to_device(result, device);
+    return copy_to_device(result, device, op.schema().name().c_str());
   }
 
   void note_device(const c10::Device& device) {

@@ -648,20 +648,21 @@ fn report(
         Kind::Race
     };
     let mut text = format!("openreg sanitizer: {}: {} on {now} {verb} {tensor}", KIND_NAMES[kind as usize], launch.op);
-    let _ = write!(text, ", which {} on {then} {earlier_verb}", earlier.launch.op);
+    let what = if earlier.write { "write" } else { "read" };
+    let _ = write!(text, ", which {} {earlier_verb} on {then} (its launch {})", earlier.launch.op, earlier.launch.seq);
     if reused {
         let _ = write!(
             text,
-            " while that memory was {} (freed at {}); nothing orders that {} before this {}.",
+            " while that memory was {}, freed at {} and reused since",
             earlier.life.describe(),
             earlier.life.freed_at.get().map_or("an unknown place", String::as_str),
-            if earlier.write { "write" } else { "read" },
-            if buffer.written { "write" } else { "read" },
         );
-    } else {
-        let _ = write!(text, "; nothing orders that {} before this {}.", if earlier.write { "write" } else { "read" }, if buffer.written { "write" } else { "read" });
     }
-    let _ = write!(text, " (launch {} of {then}; {now} is ordered after its first {known} launches)", earlier.launch.seq);
+    let waited = match known {
+        0 => format!("{now} has waited for none of {then}'s work"),
+        n => format!("{now} has waited only for {then}'s first {n} launches"),
+    };
+    let _ = write!(text, "; nothing orders that {what} before this {}: {waited}.", if buffer.written { "write" } else { "read" });
     text.push_str("\n  likely fix: ");
     text.push_str(&match kind {
         Kind::FreedInUse => format!(

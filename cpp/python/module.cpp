@@ -387,12 +387,15 @@ static PyObject* sanitizer_clear(PyObject* self, PyObject* unused) {
 static std::vector<std::string> library_roots;
 
 /* The sanitizer's source collector: "file:line" of the innermost Python
- * frame outside the library roots, on a thread that holds the GIL (never
- * waits for it: the runtime may call this from any thread). */
+ * frame outside the library roots. Torch calls ops with the GIL released,
+ * so it takes the GIL, as python_stack does; threads Python never ran on
+ * (stream workers) have no frames and return at once. The runtime calls it
+ * holding none of its locks. */
 static const char* python_source_line(void) {
   static thread_local std::string text;
-  if (!Py_IsInitialized() || _Py_IsFinalizing() || !PyGILState_Check())
+  if (!Py_IsInitialized() || _Py_IsFinalizing() || PyGILState_GetThisThreadState() == NULL)
     return NULL;
+  PyGILState_STATE gil = PyGILState_Ensure();
   PyObject *type, *value, *traceback;
   PyErr_Fetch(&type, &value, &traceback);
   const char* found = NULL;
@@ -418,6 +421,7 @@ static const char* python_source_line(void) {
   Py_XDECREF(frame);
   PyErr_Clear();
   PyErr_Restore(type, value, traceback);
+  PyGILState_Release(gil);
   return found;
 }
 
