@@ -110,6 +110,25 @@ int orLaunchHostFuncNamed(orStream_t stream, orHostFn_t fn, void* user_data, con
  * when the graph that captured it is destroyed (a captured host function
  * runs once per launch), or before the call returns if the launch fails. */
 int orLaunchHostFuncOwned(orStream_t stream, orHostFn_t fn, void* user_data, orHostFn_t release);
+/* One range of memory a kernel reads (written == 0) or writes. */
+typedef struct orMemAccess {
+  const void* ptr;
+  size_t bytes;
+  int written;
+} orMemAccess;
+/* orLaunchHostFuncOwned for a kernel: named as orLaunchHostFuncNamed names
+ * it, and declaring the `count` ranges at `accesses` it reads and writes,
+ * which the stream sanitizer checks (OPENREG_SANITIZER; a launch that
+ * declares nothing is not checked). In the sanitizer's "raise" mode a
+ * launch that makes a stream-ordering bug fails with its report. */
+int orLaunchKernel(
+    orStream_t stream,
+    orHostFn_t fn,
+    void* user_data,
+    orHostFn_t release,
+    const char* name,
+    const orMemAccess* accesses,
+    size_t count);
 
 /* Exit of a host that must not be re-entered from stream workers once it
  * finalizes (CPython: a worker that takes the GIL then is ended, and the

@@ -323,17 +323,75 @@ pub extern "C" fn orLaunchHostFuncOwned(
         return guarded(|| Err(Error::invalid_value("orLaunchHostFuncOwned: the release function is null")));
     };
     let owned = OwnedUserData { data: SendPtr(user_data), release };
+    guarded(move || launch_owned(stream, func, owned, TaskName::kernel(c"host function"), &[], "orLaunchHostFuncOwned"))
+}
+
+/// One range of memory a kernel reads or writes (`orMemAccess`).
+#[repr(C)]
+pub struct MemAccess {
+    pub ptr: *const c_void,
+    pub bytes: usize,
+    pub written: c_int,
+}
+
+/// `orLaunchHostFuncOwned` for a kernel: named as `orLaunchHostFuncNamed`
+/// names it (null: "host function"), and declaring the `count` ranges of
+/// memory at `accesses` it reads and writes, which the stream sanitizer
+/// checks (Note [Stream sanitizer]); `accesses` may be null when `count`
+/// is 0.
+#[no_mangle]
+pub extern "C" fn orLaunchKernel(
+    stream: *const c_void,
+    func: Option<HostFn>,
+    user_data: *mut c_void,
+    release: Option<ReleaseFn>,
+    name: *const c_char,
+    accesses: *const MemAccess,
+    count: usize,
+) -> OrError {
+    let Some(release) = release else {
+        return guarded(|| Err(Error::invalid_value("orLaunchKernel: the release function is null")));
+    };
+    let owned = OwnedUserData { data: SendPtr(user_data), release };
+    let name = match name.is_null() {
+        true => TaskName::kernel(c"host function"),
+        // SAFETY: the C contract: a non-null name lives for the process.
+        false => unsafe { TaskName::kernel_from_ptr(name) },
+    };
     guarded(move || {
-        let s = stream_arg(stream)?;
-        let func = func.ok_or_else(|| Error::invalid_value("orLaunchHostFuncOwned: the host function is null"))?;
-        let work: crate::graph::Work = Box::new(move || {
-            let owned = &owned; // the whole value: it is what is Send
-            func(owned.data.0);
-            Ok(())
-        });
-        let task = Task::Run(crate::profiler::timed("host function", s, work));
-        s.submit_named(task, TaskName::kernel(c"host function"), || "host function".to_string()).map(drop)
+        let accesses = match count {
+            0 => &[][..],
+            _ if accesses.is_null() => return Err(Error::invalid_value(format!("orLaunchKernel: {count} accesses at a null pointer"))),
+            // SAFETY: the caller passes `count` readable orMemAccess.
+            _ => unsafe { std::slice::from_raw_parts(accesses, count) },
+        };
+        let buffers: Vec<crate::sanitizer::KernelBuffer> = accesses
+            .iter()
+            .map(|a| crate::sanitizer::KernelBuffer { address: a.ptr as usize, bytes: a.bytes, written: a.written != 0, tensor: 0 })
+            .collect();
+        launch_owned(stream, func, owned, name, &buffers, "orLaunchKernel")
     })
+}
+
+/// Queues `func(owned)` on `stream`, after the sanitizer checked `buffers`.
+fn launch_owned(
+    stream: *const c_void,
+    func: Option<HostFn>,
+    owned: OwnedUserData,
+    name: TaskName,
+    buffers: &[crate::sanitizer::KernelBuffer],
+    call: &str,
+) -> Result<()> {
+    let s = stream_arg(stream)?;
+    let func = func.ok_or_else(|| Error::invalid_value(format!("{call}: the host function is null")))?;
+    crate::sanitizer::check_launch(s, name, buffers, &|_| String::new())?;
+    let work: crate::graph::Work = Box::new(move || {
+        let owned = &owned; // the whole value: it is what is Send
+        func(owned.data.0);
+        Ok(())
+    });
+    let task = Task::Run(crate::profiler::timed(name.text().into_owned(), s, work));
+    s.submit_named(task, name, move || name.text().into_owned()).map(drop)
 }
 
 /// The host process is about to finalize: drains every stream, then makes

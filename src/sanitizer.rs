@@ -102,8 +102,10 @@ pub fn mode() -> Mode {
     Mode::from_code(MODE.load(Ordering::Relaxed))
 }
 
-/// Turns the sanitizer on (`Raise`, `Warn`) or off. Reports, counts and the
-/// model's state are kept (`clear` drops the reports).
+/// Turns the sanitizer on (`Raise`, `Warn`) or off. Turning it off keeps
+/// the reports and counts (`clear` drops them) and forgets the model: what
+/// runs meanwhile is not seen, so a later start begins afresh (no clocks,
+/// no accesses, no pinned guards).
 pub fn set_mode(mode: Mode) {
     MODE_CHOSEN.store(true, Ordering::Relaxed);
     apply(mode);
@@ -111,10 +113,19 @@ pub fn set_mode(mode: Mode) {
 
 fn apply(mode: Mode) {
     MODE.store(mode as u8, Ordering::Relaxed);
-    openreg_sanitizer_on.store(mode != Mode::Off, Ordering::Release);
     if mode != Mode::Off {
         crate::pinned_guard::install();
+        openreg_sanitizer_on.store(true, Ordering::Release);
+        return;
     }
+    openreg_sanitizer_on.store(false, Ordering::Release);
+    crate::pinned_guard::collect_faults();
+    crate::pinned_guard::release_covered(|_, _| true);
+    let mut state = STATE.lock();
+    if let Some(st) = state.as_mut() {
+        *st = State { reports: std::mem::take(&mut st.reports), counts: st.counts, ..State::default() };
+    }
+    UNMAPPED.lock().clear();
 }
 
 /// Applies `OPENREG_SANITIZER` unless a call chose a mode first (from

@@ -44,6 +44,13 @@
 // - If the launch itself fails (a bad stream, the runtime shutting down), the
 //   kernel is destroyed unrun and launch throws a c10::Error (a RuntimeError
 //   in Python) carrying the runtime's message.
+// - The stream sanitizer (OPENREG_SANITIZER, torch.openreg.sanitizer) checks
+//   a kernel against stream order only if it says what memory it touches:
+//   launch(stream, {a, b}, kernel) declares that it reads and writes the
+//   tensors a and b; launch(stream, Accesses().reads(a).writes(b), kernel)
+//   says which it only reads. In the sanitizer's "raise" mode such a launch
+//   throws the report of the stream-ordering bug it makes (a kernel reading
+//   a tensor another stream wrote, with no wait in between).
 // - On a stream that is capturing a graph (torch.accelerator.Graph, or
 //   orStreamBeginCapture), the kernel does not run at launch: it is recorded
 //   and runs once per replay of the graph, on whatever the captured memory
@@ -64,6 +71,10 @@
 #include <type_traits>
 #include <utility>
 
+#include <initializer_list>
+#include <vector>
+
+#include <ATen/core/TensorBase.h>
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 #include <c10/util/Exception.h>
@@ -158,17 +169,62 @@ void release_kernel(void* data) noexcept {
 
 } // namespace detail
 
-// Queues `kernel` (a callable taking no arguments) on `stream`; see the
-// contract above.
+// What a kernel reads and writes, for the stream sanitizer: each tensor's
+// bytes in its storage (every element of a strided view).
+class Accesses {
+ public:
+  Accesses() = default;
+  // Each of `tensors` read and written: the declaration when a kernel says
+  // no more.
+  Accesses(std::initializer_list<at::TensorBase> tensors) {
+    for (const at::TensorBase& t : tensors) {
+      add(t, 1);
+    }
+  }
+  Accesses& reads(const at::TensorBase& t) {
+    return add(t, 0);
+  }
+  Accesses& writes(const at::TensorBase& t) {
+    return add(t, 1);
+  }
+  const std::vector<orMemAccess>& list() const {
+    return list_;
+  }
+
+ private:
+  Accesses& add(const at::TensorBase& t, int written) {
+    if (t.defined() && t.has_storage() && t.numel() > 0) {
+      int64_t last = 0;
+      for (int64_t d = 0; d < t.dim(); ++d) {
+        last += (t.size(d) - 1) * (t.stride(d) < 0 ? -t.stride(d) : t.stride(d));
+      }
+      const char* start = static_cast<const char*>(t.storage().data()) + t.storage_offset() * t.itemsize();
+      list_.push_back({start, static_cast<size_t>(last + 1) * t.itemsize(), written});
+    }
+    return *this;
+  }
+
+  std::vector<orMemAccess> list_;
+};
+
+// Queues `kernel` (a callable taking no arguments) on `stream`, declaring
+// the memory it touches to the stream sanitizer; see the contract above.
 template <typename F>
-void launch(orStream_t stream, F&& kernel) {
+void launch(orStream_t stream, const Accesses& accesses, F&& kernel) {
   using Kernel = std::decay_t<F>;
   static_assert(std::is_invocable_v<Kernel&>, "torch_openreg::launch: the kernel must be callable with no arguments");
   // The runtime owns it from here: it releases it once it will not run
   // again, or before returning a failure.
   Kernel* owned = new Kernel(std::forward<F>(kernel));
-  check(orLaunchHostFuncOwned(stream, &detail::run<Kernel>, owned, &detail::release_kernel<Kernel>),
-        "orLaunchHostFuncOwned");
+  const std::vector<orMemAccess>& list = accesses.list();
+  check(orLaunchKernel(stream, &detail::run<Kernel>, owned, &detail::release_kernel<Kernel>, nullptr, list.data(), list.size()),
+        "orLaunchKernel");
+}
+
+// Queues `kernel` on `stream`, declaring nothing to the stream sanitizer.
+template <typename F>
+void launch(orStream_t stream, F&& kernel) {
+  launch(stream, Accesses(), std::forward<F>(kernel));
 }
 
 template <typename F>

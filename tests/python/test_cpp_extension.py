@@ -196,6 +196,26 @@ def test_non_default_stream_respects_an_event_wait(ext):
     assert values(x) == [6.0] * N  # 2 if the wait were ignored, 3 if it ran before the fill
 
 
+def test_the_sanitizer_checks_the_accesses_a_kernel_declares(ext):
+    """scale_ declares that it reads and writes its tensor: launched on a
+    stream that has not waited for the stream that wrote the tensor, it is
+    reported (and raises in "raise" mode); after the wait it is not."""
+    side = new_stream()
+    x = torch.ones(N, device="openreg")
+    torch.openreg.synchronize()
+    torch.openreg.sanitizer.clear()
+    with torch.openreg.sanitizer.enable("raise"):
+        with torch.openreg.stream(side):
+            x.fill_(2.0)
+        with pytest.raises(RuntimeError, match=r"openreg sanitizer: race: kernel \"host function\""):
+            ext.scale_(x, 3.0)
+        torch.openreg.current_stream().wait_stream(side)
+        ext.scale_(x, 3.0)
+        assert values(x) == [6.0] * N  # the failed launch did not run
+    assert torch.openreg.sanitizer.counts()["race"] == 1
+    torch.openreg.sanitizer.clear()
+
+
 def test_runs_on_the_tensors_device(ext):
     if torch.openreg.device_count() < 2:
         pytest.skip("needs two openreg devices")
@@ -226,7 +246,7 @@ def test_bad_arguments_raise(ext):
 def test_failed_launch_throws_and_destroys_the_kernel(ext):
     torch.openreg.synchronize()
     destroyed = ext.destroyed_kernels()
-    with pytest.raises(RuntimeError, match=r"openreg: orLaunchHostFuncOwned failed: .*is not an openreg stream handle"):
+    with pytest.raises(RuntimeError, match=r"openreg: orLaunchKernel failed: .*is not an openreg stream handle"):
         ext.launch_on_bad_stream()
     assert ext.destroyed_kernels() == destroyed + 1
 

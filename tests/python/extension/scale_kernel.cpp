@@ -33,6 +33,7 @@ at::Tensor& scale_(at::Tensor& self, double factor) {
   const float f = static_cast<float>(factor);
   torch_openreg::launch(
       torch_openreg::current_stream(self.device().index()),
+      {self}, // read and written, for the stream sanitizer
       [self, data, n, f, counter = std::make_shared<CountsDestruction>()] {
         for (int64_t i = 0; i < n; ++i) {
           data[i] *= f;
