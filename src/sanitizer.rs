@@ -30,11 +30,12 @@
 //!    bytes, when one of them writes and the earlier is not ordered before
 //!    it (its stream's entry in the launching stream's clock is smaller).
 //!  - Freeing keeps the accesses the allocator does not cover: not those of
-//!    the allocation stream (a block is reused only by that stream's later
-//!    work), nor of streams named by `record_stream` (the allocator waits for
-//!    them), nor of what the host has synchronized with. The rest go with the
-//!    memory to its next allocation, where a conflicting access is reported
-//!    as memory freed while in use without `record_stream`.
+//!    the allocation stream, nor those it is already ordered after (a block
+//!    is reused only by that stream's later work), nor of streams named by
+//!    `record_stream` (the allocator waits for them), nor of what the host
+//!    has synchronized with. The rest go with the memory to its next
+//!    allocation, where a conflicting access is reported as memory freed
+//!    while in use without `record_stream`.
 //!  - Pinned host memory that a pending non-blocking copy reads or writes
 //!    is protected (Note [Pinned memory guard] in pinned_guard.rs) until the
 //!    host synchronizes with the copy.
@@ -407,9 +408,16 @@ pub fn freed(base: usize, recorded: &[&'static StreamQueue]) {
     let Some(st) = state.as_mut() else { return };
     let Some(mut memory) = st.live.remove(&base) else { return };
     let covered: Vec<Agent> = recorded.iter().map(|s| agent_of(s)).collect();
+    // The memory is reused only by later work of its allocation stream:
+    // what that stream is already ordered after cannot race with it.
+    let allocation_clock = st.streams.get(&memory.life.agent).map(|s| &s.clock);
     let host = &st.host;
     memory.records.retain(|r| {
-        r.launch.agent != memory.life.agent && !covered.contains(&r.launch.agent) && host.get(r.launch.agent) < r.launch.seq
+        let (agent, seq) = (r.launch.agent, r.launch.seq);
+        agent != memory.life.agent
+            && !covered.contains(&agent)
+            && host.get(agent) < seq
+            && allocation_clock.is_none_or(|clock| clock.get(agent) < seq)
     });
     if memory.records.is_empty() {
         return;
