@@ -32,7 +32,7 @@ fn finalize_releases_by_priority_after_draining() {
 
     // The runtime's own steps, in the order finalize will run them.
     let own: Vec<&str> = lifecycle::pending_releases().iter().map(|(_, name)| *name).collect();
-    assert_eq!(own, ["stream workers", "cached device memory"]);
+    assert_eq!(own, ["sanitizer reports", "stream workers", "cached device memory"]);
 
     let order = Arc::new(Mutex::new(Vec::new()));
     let step = |name: &'static str| {
@@ -51,7 +51,15 @@ fn finalize_releases_by_priority_after_draining() {
     let planned: Vec<&str> = lifecycle::pending_releases().iter().map(|(_, name)| *name).collect();
     assert_eq!(
         planned,
-        ["stream workers", "after streams", "after streams, second", "cached device memory", "beside memory", "last"]
+        [
+            "sanitizer reports",
+            "stream workers",
+            "after streams",
+            "after streams, second",
+            "cached device memory",
+            "beside memory",
+            "last"
+        ]
     );
 
     assert_eq!(orFinalize(), OR_SUCCESS);

@@ -133,6 +133,7 @@ def test_explicit_finalize_drains_releases_in_order_and_refuses_work():
     assert r["op_after"] and "finalizing" in r["op_after"]
     steps = [line for line in result.stderr.splitlines() if "finalize: releasing" in line]
     assert steps == [
+        "openreg [debug]: finalize: releasing sanitizer reports",
         "openreg [debug]: finalize: releasing stream workers",
         "openreg [debug]: finalize: releasing cached device memory",
     ], result.stderr[-2000:]
