@@ -14,20 +14,14 @@
 
 #include <openreg.h>
 
+#include "expect.h"
+
 #include <cstdio>
 #include <string>
 
 namespace {
 
-int failed = 0;
-
-void check(bool ok, const char* what, int line) {
-  if (!ok) {
-    std::printf("  FAILED line %d: %s\n", line, what);
-    ++failed;
-  }
-}
-#define EXPECT(...) check(static_cast<bool>(__VA_ARGS__), #__VA_ARGS__, __LINE__)
+using openreg_test::failed;
 
 const c10::Device kDev0(c10::DeviceType::PrivateUse1, 0);
 
