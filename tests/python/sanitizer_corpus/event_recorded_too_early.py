@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from _corpus import DEV, check
+from _corpus import DEV
 
 EXPECTED = "race"
 

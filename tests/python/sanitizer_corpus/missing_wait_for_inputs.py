@@ -9,7 +9,6 @@ Fix: ``side.wait_stream(main)`` before launching work on the side stream.
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from _corpus import DEV, check, prepare, reference
 

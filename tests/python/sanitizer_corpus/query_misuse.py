@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from _corpus import DEV, check, prepare, reference
+from _corpus import DEV, prepare, reference
 
 EXPECTED = "query_misuse"
 
