@@ -47,7 +47,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, CStr};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Once, OnceLock};
 
 use parking_lot::Mutex;
 
@@ -89,9 +89,8 @@ impl Mode {
 pub static openreg_sanitizer_on: AtomicBool = AtomicBool::new(false);
 
 static MODE: AtomicU8 = AtomicU8::new(Mode::Off as u8);
-/// Set once a mode was chosen by a call, which `OPENREG_SANITIZER` must
-/// not override when the runtime initializes later.
-static MODE_CHOSEN: AtomicBool = AtomicBool::new(false);
+/// Run once: applies `OPENREG_SANITIZER`, unless a call chose a mode first.
+static INITIAL_MODE: Once = Once::new();
 
 /// Whether the sanitizer checks anything (the runtime hooks' cheap test).
 #[inline]
@@ -100,6 +99,7 @@ pub fn active() -> bool {
 }
 
 pub fn mode() -> Mode {
+    INITIAL_MODE.call_once(|| apply(crate::options::get().sanitizer));
     Mode::from_code(MODE.load(Ordering::Relaxed))
 }
 
@@ -108,7 +108,7 @@ pub fn mode() -> Mode {
 /// runs meanwhile is not seen, so a later start begins afresh (no clocks,
 /// no accesses, no pinned guards).
 pub fn set_mode(mode: Mode) {
-    MODE_CHOSEN.store(true, Ordering::Relaxed);
+    INITIAL_MODE.call_once(|| ());
     apply(mode);
 }
 
@@ -130,11 +130,11 @@ fn apply(mode: Mode) {
 }
 
 /// Applies `OPENREG_SANITIZER` unless a call chose a mode first (from
-/// `device::init`), and prints collected reports at exit.
+/// `device::init`, before any launch; `mode()` applies it too, so that it
+/// reads right before the first device use), and prints collected reports
+/// at exit.
 pub(crate) fn init_from_options() {
-    if !MODE_CHOSEN.load(Ordering::Relaxed) {
-        apply(crate::options::get().sanitizer);
-    }
+    mode();
     crate::lifecycle::register_release(crate::lifecycle::PRIORITY_REPORTS, "sanitizer reports", print_reports_at_exit);
 }
 
