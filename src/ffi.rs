@@ -703,7 +703,7 @@ unsafe fn sanitize_launch(device: i8, name: *const c_char, buffers: *const bridg
 }
 
 fn sanitizer_host_waited(device: i8) -> Result<()> {
-    crate::sanitizer::host_waited_for_stream(stream::current(device.into())?, false);
+    crate::sanitizer::host_waited_for_stream(stream::current(device.into())?);
     crate::sanitizer::take_deferred_error()
 }
 

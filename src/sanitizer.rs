@@ -491,12 +491,11 @@ pub fn host_waited_for(point: &Clock, by_query: bool) {
     }
 }
 
-/// The host synchronized with everything launched on `stream` so far (a
-/// blocking copy, `.item()`, a stream's synchronize, or its query that
-/// returned true).
-pub fn host_waited_for_stream(stream: &'static StreamQueue, by_query: bool) {
+/// The host waited for everything launched on `stream` so far (a blocking
+/// copy, `.item()`, a data-dependent shape).
+pub fn host_waited_for_stream(stream: &'static StreamQueue) {
     if let Some(point) = streams_point(&[stream]) {
-        host_waited_for(&point, by_query);
+        host_waited_for(&point, false);
     }
 }
 
