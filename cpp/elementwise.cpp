@@ -54,16 +54,17 @@ at::Tensor binary(
   c10::Device device = binary_device(self, other, op);
   c10::DeviceGuard guard(device);
   at::Tensor out = empty_on_current_device(at::infer_size_dimvector(self.sizes(), other.sizes()), dtype);
+  const auto accesses = [&] { return KernelInfo(op, {self, other}, {out}); };
   if (!run_inline(
           device.index(), out.numel(),
           [&] {
             at::Tensor out_view = scratch_cpu_view(out, 0);
             compute(out_view, operand(self, 1), operand(other, 2));
           },
-          op, [&] { return KernelInfo(op, {self, other}, {out}); })) {
+          op, accesses)) {
     const bool capturing = kind && checked([&] { return ffi::is_current_stream_capturing(device.index()); });
     if (std::function<void()> raw = capturing ? raw_binary_kernel(*kind, out, self, other, alpha) : nullptr) {
-      queue_kernel(device.index(), std::move(raw), ffi::LaunchMode::Queue, KernelInfo(op, {self, other}, {out}));
+      queue_kernel(device.index(), std::move(raw), ffi::LaunchMode::Queue, accesses());
       return out;
     }
     queue_kernel(
@@ -72,7 +73,7 @@ at::Tensor binary(
           compute(out, a, b);
         },
         ffi::LaunchMode::Queue,
-        KernelInfo(op, {self, other}, {out}));
+        accesses());
   }
   return out;
 }

@@ -188,13 +188,12 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   if (cross_device) {
     checked([&] { ffi::stream_wait_stream(device, dst.device().index()); });
   }
-  ffi::LaunchMode mode = asynchronous ? launch_mode_for(src.numel()) : ffi::LaunchMode::Wait;
   launch(
       device,
       // The operands keep the conjugate and negative bits (cpu_view): the CPU
       // copy_ resolves them (a lazily conjugated source is copied conjugated).
       [src = kernel_operand(src), dst = kernel_operand(dst)] { dst.copy_(src); },
-      guard_pinned ? ffi::LaunchMode::Wait : mode,
+      asynchronous && !guard_pinned ? launch_mode_for(src.numel()) : ffi::LaunchMode::Wait,
       KernelInfo("aten::copy_", {src}, {dst}));
   if (cross_device) {
     checked([&] { ffi::stream_wait_stream(dst.device().index(), device); });

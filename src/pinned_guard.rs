@@ -217,8 +217,9 @@ pub(crate) fn release_covered(covered: impl Fn(usize, u64) -> bool) {
     }
 }
 
-fn report(slot: &Slot) {
-    crate::sanitizer::add_report(crate::sanitizer::Kind::PinnedHostAccess, message(slot));
+/// Reports the host access a faulted slot caught; returns the report.
+fn report(slot: &Slot) -> String {
+    crate::sanitizer::add_report(crate::sanitizer::Kind::PinnedHostAccess, message(slot))
 }
 
 /// The report a slot was armed with.
@@ -238,8 +239,7 @@ pub(crate) fn collect_faults() -> Option<String> {
     let mut last = None;
     for slot in &GUARDS {
         if slot.state.load(Ordering::Acquire) == FAULTED {
-            last = Some(message(slot));
-            report(slot);
+            last = Some(report(slot));
             slot.state.store(FREE, Ordering::Release);
             IN_USE.fetch_sub(1, Ordering::AcqRel);
         }
