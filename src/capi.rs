@@ -227,7 +227,7 @@ pub extern "C" fn orStreamGetPriority(stream: *const c_void, priority: *mut c_in
 /// `orSuccess` if all work on the stream has finished, else `orErrorNotReady`.
 #[no_mangle]
 pub extern "C" fn orStreamQuery(stream: *const c_void) -> OrError {
-    guarded(|| match crate::ffi::query_and_learn(stream_arg(stream).and_then(|s| crate::graph::check_not_capturing(s, "orStreamQuery").map(|_| s))?) {
+    guarded(|| match stream_arg(stream).and_then(|s| crate::graph::check_not_capturing(s, "orStreamQuery").map(|_| s))?.host_query()? {
         true => Ok(()),
         false => Err(Error::new(ErrorKind::NotReady, "the stream has unfinished work")),
     })
@@ -240,7 +240,7 @@ pub extern "C" fn orStreamSynchronize(stream: *const c_void) -> OrError {
         let what = format!("Stream.synchronize() of {stream}");
         crate::graph::check_host_sync(&what, Some(stream))?;
         crate::sync_debug::check(&what)?;
-        crate::ffi::synchronize_and_learn(stream)
+        stream.host_synchronize()
     })
 }
 
@@ -258,7 +258,7 @@ unsafe impl Send for SendPtr {}
 /// replay when the stream is capturing a graph).
 #[no_mangle]
 pub extern "C" fn orLaunchHostFunc(stream: *const c_void, func: Option<HostFn>, user_data: *mut c_void) -> OrError {
-    guarded(|| launch_host_func(stream, func, user_data, TaskName::kernel(c"host function"), "orLaunchHostFunc"))
+    guarded(|| launch_host_func(stream, func, user_data, HOST_FUNCTION, "orLaunchHostFunc"))
 }
 
 /// `orLaunchHostFunc`, naming the function for errors about it (an op
@@ -271,12 +271,19 @@ pub extern "C" fn orLaunchHostFuncNamed(
     user_data: *mut c_void,
     name: *const c_char,
 ) -> OrError {
-    let name = match name.is_null() {
-        true => TaskName::kernel(c"host function"),
+    guarded(|| launch_host_func(stream, func, user_data, host_function_name(name), "orLaunchHostFuncNamed"))
+}
+
+/// What a host function launched without a name is called.
+const HOST_FUNCTION: TaskName = TaskName::kernel(c"host function");
+
+/// A host function's name from the C ABI: `name`, or "host function" for null.
+fn host_function_name(name: *const c_char) -> TaskName {
+    match name.is_null() {
+        true => HOST_FUNCTION,
         // SAFETY: the C contract: a non-null name lives for the process.
         false => unsafe { TaskName::kernel_from_ptr(name) },
-    };
-    guarded(|| launch_host_func(stream, func, user_data, name, "orLaunchHostFuncNamed"))
+    }
 }
 
 fn launch_host_func(stream: *const c_void, func: Option<HostFn>, user_data: *mut c_void, name: TaskName, call: &str) -> Result<()> {
@@ -323,7 +330,7 @@ pub extern "C" fn orLaunchHostFuncOwned(
         return guarded(|| Err(Error::invalid_value("orLaunchHostFuncOwned: the release function is null")));
     };
     let owned = OwnedUserData { data: SendPtr(user_data), release };
-    guarded(move || launch_owned(stream, func, owned, TaskName::kernel(c"host function"), &[], "orLaunchHostFuncOwned"))
+    guarded(move || launch_owned(stream, func, owned, HOST_FUNCTION, &[], "orLaunchHostFuncOwned"))
 }
 
 /// One range of memory a kernel reads or writes (`orMemAccess`).
@@ -353,11 +360,7 @@ pub extern "C" fn orLaunchKernel(
         return guarded(|| Err(Error::invalid_value("orLaunchKernel: the release function is null")));
     };
     let owned = OwnedUserData { data: SendPtr(user_data), release };
-    let name = match name.is_null() {
-        true => TaskName::kernel(c"host function"),
-        // SAFETY: the C contract: a non-null name lives for the process.
-        false => unsafe { TaskName::kernel_from_ptr(name) },
-    };
+    let name = host_function_name(name);
     guarded(move || {
         let accesses = match count {
             0 => &[][..],
@@ -886,8 +889,7 @@ pub extern "C" fn orSanitizerGetCounts(counts: *mut u64, len: usize) -> OrError 
 /// The name of report kind `kind` ("race", ...), or null past the last.
 #[no_mangle]
 pub extern "C" fn orSanitizerGetKindName(kind: usize) -> *const c_char {
-    const NAMES: [&CStr; 5] = [c"race", c"write_after_read", c"freed_in_use", c"pinned_host_access", c"query_misuse"];
-    NAMES.get(kind).map_or(std::ptr::null(), |n| n.as_ptr())
+    crate::sanitizer::KIND_NAMES.get(kind).map_or(std::ptr::null(), |n| n.as_ptr())
 }
 
 thread_local! {

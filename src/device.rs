@@ -292,8 +292,8 @@ pub fn synchronize_device(index: i64) -> Result<()> {
     let streams = &context(index)?.streams;
     let point = crate::sanitizer::active().then(|| crate::sanitizer::streams_point(&streams.all())).flatten();
     streams.synchronize_all()?;
-    if let Some(point) = point {
-        crate::sanitizer::host_waited_for(&point, false);
+    match point {
+        Some(point) => crate::sanitizer::host_waited_for(&point, false),
+        None => Ok(()),
     }
-    Ok(())
 }

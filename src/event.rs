@@ -170,7 +170,7 @@ impl Event {
             Some(Target::Point(stream, seq, clock)) => {
                 let done = stream.has_completed(seq);
                 if let Some(clock) = clock.filter(|_| done) {
-                    sanitizer::host_waited_for(&clock, true); // up to the record only
+                    sanitizer::host_waited_for(&clock, true)?; // up to the record only
                 }
                 done
             }
@@ -188,10 +188,10 @@ impl Event {
                 crate::graph::check_host_sync(what, Some(stream))?;
                 crate::sync_debug::check(what)?;
                 stream.wait_for(seq, false)?;
-                if let Some(clock) = clock {
-                    sanitizer::host_waited_for(&clock, false);
+                match clock {
+                    Some(clock) => sanitizer::host_waited_for(&clock, false),
+                    None => Ok(()),
                 }
-                Ok(())
             }
             _ => crate::sync_debug::check(what),
         }

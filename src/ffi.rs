@@ -437,18 +437,7 @@ fn stream_native_handle(device: i8, id: i64) -> Result<usize> {
 fn query_stream(device: i8, id: i64) -> Result<bool> {
     let stream = stream::lookup(device.into(), id)?;
     crate::graph::check_not_capturing(stream, "Stream.query()")?;
-    Ok(query_and_learn(stream))
-}
-
-/// `stream.query()`; true also orders the host after the stream's work so
-/// far (Note [Stream sanitizer]).
-pub(crate) fn query_and_learn(stream: &'static stream::StreamQueue) -> bool {
-    let point = crate::sanitizer::streams_point(&[stream]);
-    let done = stream.query();
-    if let Some(point) = point.filter(|_| done) {
-        crate::sanitizer::host_waited_for(&point, true);
-    }
-    done
+    stream.host_query()
 }
 
 fn synchronize_stream(device: i8, id: i64) -> Result<()> {
@@ -456,18 +445,7 @@ fn synchronize_stream(device: i8, id: i64) -> Result<()> {
     let what = format!("Stream.synchronize() of {stream}");
     crate::graph::check_host_sync(&what, Some(stream))?;
     crate::sync_debug::check(&what)?;
-    synchronize_and_learn(stream)
-}
-
-/// `stream.synchronize()`, the host then ordered after the stream's work
-/// so far (Note [Stream sanitizer]).
-pub(crate) fn synchronize_and_learn(stream: &'static stream::StreamQueue) -> Result<()> {
-    let point = crate::sanitizer::streams_point(&[stream]);
-    stream.synchronize()?;
-    if let Some(point) = point {
-        crate::sanitizer::host_waited_for(&point, false);
-    }
-    crate::sanitizer::take_deferred_error()
+    stream.host_synchronize()
 }
 
 /// `event` is 0 (created here, on its first record) or a handle from an
@@ -703,8 +681,7 @@ unsafe fn sanitize_launch(device: i8, name: *const c_char, buffers: *const bridg
 }
 
 fn sanitizer_host_waited(device: i8) -> Result<()> {
-    crate::sanitizer::host_waited_for_stream(stream::current(device.into())?);
-    crate::sanitizer::take_deferred_error()
+    crate::sanitizer::host_waited_for_stream(stream::current(device.into())?)
 }
 
 fn sanitizer_guard_pinned(device: i8, address: usize, bytes: usize, device_writes: bool, tensor: usize) -> Result<()> {

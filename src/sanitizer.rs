@@ -156,7 +156,8 @@ pub enum Kind {
     QueryMisuse = 4,
 }
 
-pub const KIND_NAMES: [&str; 5] = ["race", "write_after_read", "freed_in_use", "pinned_host_access", "query_misuse"];
+/// Indexed by `Kind`; NUL-terminated for the C ABI.
+pub const KIND_NAMES: [&CStr; 5] = [c"race", c"write_after_read", c"freed_in_use", c"pinned_host_access", c"query_misuse"];
 
 /// One range of memory a launch reads or writes, as the shim passes it
 /// (`openreg::ffi::KernelBuffer` in cpp/shim.h, same layout). `tensor` is
@@ -232,6 +233,11 @@ struct Life {
 impl Life {
     fn describe(&self) -> String {
         let what = self.label.get().map_or_else(|| format!("{} bytes of device memory", self.size), |l| format!("tensor {l}"));
+        self.with_source(what)
+    }
+
+    /// `what` this memory holds, and the line that allocated it.
+    fn with_source(&self, what: String) -> String {
         match &self.source {
             Some(line) => format!("{what} (allocated at {line})"),
             None => what,
@@ -480,22 +486,26 @@ pub fn stream_waits_stream(waiter: &'static StreamQueue, source: &'static Stream
 }
 
 /// The host synchronized with `point` (an event's), or learned by a query
-/// that it has passed.
-pub fn host_waited_for(point: &Clock, by_query: bool) {
-    if active() {
-        let host = with_state(|st| {
-            st.host_learns(point, by_query);
-            st.host.clone()
-        });
-        crate::pinned_guard::release_covered(|agent, seq| host.get(agent) >= seq);
+/// that it has passed. Every host synchronization passes here, so it is
+/// where a "raise" mode report of the pinned memory guard is raised.
+pub fn host_waited_for(point: &Clock, by_query: bool) -> Result<()> {
+    if !active() {
+        return Ok(());
     }
+    let host = with_state(|st| {
+        st.host_learns(point, by_query);
+        st.host.clone()
+    });
+    crate::pinned_guard::release_covered(|agent, seq| host.get(agent) >= seq);
+    take_deferred_error()
 }
 
 /// The host waited for everything launched on `stream` so far (a blocking
 /// copy, `.item()`, a data-dependent shape).
-pub fn host_waited_for_stream(stream: &'static StreamQueue) {
-    if let Some(point) = streams_point(&[stream]) {
-        host_waited_for(&point, false);
+pub fn host_waited_for_stream(stream: &'static StreamQueue) -> Result<()> {
+    match streams_point(&[stream]) {
+        Some(point) => host_waited_for(&point, false),
+        None => Ok(()),
     }
 }
 
@@ -646,13 +656,12 @@ fn report(
     describe: &dyn Fn(usize) -> String,
 ) -> (Kind, String) {
     let (now, then) = (stream_name(launch.stream), stream_name(earlier.launch.stream));
-    let tensor = if buffer.tensor != 0 { format!("tensor {}", describe(buffer.tensor)) } else { life.describe() };
-    let tensor = match (&life.source, buffer.tensor != 0) {
-        (Some(line), true) => format!("{tensor} (allocated at {line})"),
-        _ => tensor,
+    let tensor = match buffer.tensor {
+        0 => life.describe(),
+        t => life.with_source(format!("tensor {}", describe(t))),
     };
-    let verb = if buffer.written { "writes" } else { "reads" };
-    let earlier_verb = if earlier.write { "wrote" } else { "read" };
+    let (verb, access) = if buffer.written { ("writes", "write") } else { ("reads", "read") };
+    let (earlier_verb, earlier_access) = if earlier.write { ("wrote", "write") } else { ("read", "read") };
     let known = clock.get(earlier.launch.agent);
     let queried = st.host_queried.get(&earlier.launch.agent).copied().unwrap_or(0);
     let reused = !Arc::ptr_eq(&earlier.life, life);
@@ -665,8 +674,7 @@ fn report(
     } else {
         Kind::Race
     };
-    let mut text = format!("openreg sanitizer: {}: {} on {now} {verb} {tensor}", KIND_NAMES[kind as usize], launch.op);
-    let what = if earlier.write { "write" } else { "read" };
+    let mut text = format!("openreg sanitizer: {}: {} on {now} {verb} {tensor}", KIND_NAMES[kind as usize].to_string_lossy(), launch.op);
     let _ = write!(text, ", which {} {earlier_verb} on {then} (its launch {})", earlier.launch.op, earlier.launch.seq);
     if reused {
         let _ = write!(
@@ -680,7 +688,7 @@ fn report(
         0 => format!("{now} has waited for none of {then}'s work"),
         n => format!("{now} has waited only for {then}'s first {n} launches"),
     };
-    let _ = write!(text, "; nothing orders that {what} before this {}: {waited}.", if buffer.written { "write" } else { "read" });
+    let _ = write!(text, "; nothing orders that {earlier_access} before this {access}: {waited}.");
     text.push_str("\n  likely fix: ");
     text.push_str(&match kind {
         Kind::FreedInUse => format!(
@@ -695,8 +703,7 @@ fn report(
         _ => {
             let mut fix = format!(
                 "make {now} wait for {then} before this launch (`torch.Stream.wait_stream`, or an event recorded on \
-                 {then} after that {} and waited on by {now})",
-                if earlier.write { "write" } else { "read" }
+                 {then} after that {earlier_access} and waited on by {now})"
             );
             if known > 0 {
                 let _ = write!(
@@ -759,7 +766,7 @@ pub fn clear() {
 
 /// In "raise" mode, the report of a host access the pinned memory guard
 /// caught since the last call (it cannot raise where it happened).
-pub fn take_deferred_error() -> Result<()> {
+fn take_deferred_error() -> Result<()> {
     match crate::pinned_guard::collect_faults() {
         Some(message) if mode() == Mode::Raise => Err(Error::new(ErrorKind::InvalidValue, message)),
         _ => Ok(()),

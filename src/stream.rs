@@ -426,6 +426,29 @@ impl StreamQueue {
         self.wait_for(self.marker(), true)
     }
 
+    /// The user's `synchronize()`: the host is then ordered after the
+    /// stream's work so far (Note [Stream sanitizer]), which the runtime's
+    /// own waits never order it after.
+    pub fn host_synchronize(&'static self) -> Result<()> {
+        let point = crate::sanitizer::streams_point(&[self]);
+        self.synchronize()?;
+        match point {
+            Some(point) => crate::sanitizer::host_waited_for(&point, false),
+            None => Ok(()),
+        }
+    }
+
+    /// The user's `query()`: true also orders the host after the stream's
+    /// work up to the query (Note [Stream sanitizer]).
+    pub fn host_query(&'static self) -> Result<bool> {
+        let point = crate::sanitizer::streams_point(&[self]);
+        let done = self.query();
+        if let Some(point) = point.filter(|_| done) {
+            crate::sanitizer::host_waited_for(&point, true)?;
+        }
+        Ok(done)
+    }
+
     /// Waits until `seq` tasks have completed. With `take_error` (a user's
     /// wait), a parked task failure is returned (once) instead of `Ok`, and
     /// a task running longer than the op timeout ends the wait with an error

@@ -34,7 +34,7 @@ fn access(on: &'static StreamQueue, ptr: usize, bytes: usize, written: bool) -> 
 }
 
 fn kind_count(kind: &str) -> u64 {
-    let index = sanitizer::KIND_NAMES.iter().position(|k| *k == kind).unwrap();
+    let index = sanitizer::KIND_NAMES.iter().position(|k| k.to_str() == Ok(kind)).unwrap();
     sanitizer::counts()[index]
 }
 
