@@ -28,6 +28,7 @@ void register_convolution(torch::Library& aten);
 void register_elementwise(torch::Library& aten);
 void register_random(torch::Library& aten);
 void register_attention(torch::Library& aten);
+void register_accelerator_ops(torch::Library& aten);
 
 namespace {
 
@@ -216,6 +217,26 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
   c10::getDeviceAllocator(c10::kPrivateUse1)->recordStream(self.storage().data_ptr(), stream);
 }
 
+// Note [Shallow copies between CPU and openreg]: `param.data = t` (and so
+// nn.Module.to, .half(), load_state_dict and the optimizers' view of a moved
+// model) rebinds a tensor to another's storage in place only if PyTorch
+// calls their types compatible; otherwise Module._apply makes a new
+// Parameter per module, which unties shared weights, drops a lazy module's
+// UninitializedParameter and leaves an optimizer built before the move with
+// the old tensors. TensorImpl::has_compatible_shallow_copy_type counts CPU
+// and CUDA (and a few others) dense tensors as compatible with each other,
+// and leaves a PrivateUse1 backend to register this op: dense CPU and
+// openreg tensors are compatible, in either direction, as CPU and CUDA are.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  const auto dense_cpu_or_openreg = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && (t.is_cpu() || t.is_privateuseone());
+  };
+  if (dense_cpu_or_openreg(self) && dense_cpu_or_openreg(from)) {
+    return true;
+  }
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
 at::Tensor copy_from_and_resize(const at::Tensor& src, const at::Tensor& dst) {
   dst.resize_(src.sizes());
   return copy_from(src, dst, false);
@@ -242,10 +263,12 @@ void register_ops() {
   aten->impl("_copy_from", TORCH_FN(copy_from));
   aten->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   aten->impl("record_stream", TORCH_FN(record_stream));
+  aten->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   register_convolution(*aten);
   register_elementwise(*aten);
   register_random(*aten);
   register_attention(*aten);
+  register_accelerator_ops(*aten);
   // Last: it sends ops that have no openreg kernel by now to the fallback.
   register_fallback_kernels(*aten);
 
