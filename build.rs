@@ -69,6 +69,7 @@ fn main() {
         "cpp/random.cpp",
         "cpp/autocast.cpp",
         "cpp/attention.cpp",
+        "cpp/accelerator_ops.cpp",
         "cpp/graph.cpp",
         "cpp/graph_kernels.cpp",
         "cpp/profiler.cpp",
