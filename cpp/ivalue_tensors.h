@@ -8,6 +8,21 @@
 
 namespace openreg {
 
+// Whether `value` is a Tensor?[] list: isOptionalTensorList() compares type
+// pointers, and a list TorchScript builds (prim::ListConstruct of
+// `Optional[Tensor]`, as in `x[mask] = v`) carries a type object of its own
+// that is equal to, not the same as, c10's.
+inline bool is_optional_tensor_list(const c10::IValue& value) {
+  if (!value.isList()) {
+    return false;
+  }
+  if (value.isOptionalTensorList()) {
+    return true;
+  }
+  const c10::TypePtr type = value.toList().elementType();
+  return *type == *c10::getTypePtr<std::optional<at::Tensor>>();
+}
+
 // Calls `fn(tensor)` for each defined tensor in `value`.
 template <typename Fn>
 void for_each_tensor(const c10::IValue& value, Fn&& fn) {
@@ -21,10 +36,10 @@ void for_each_tensor(const c10::IValue& value, Fn&& fn) {
         fn(t);
       }
     }
-  } else if (value.isOptionalTensorList()) {
-    for (const std::optional<at::Tensor>& t : value.toOptionalTensorList()) {
-      if (t.has_value() && t->defined()) {
-        fn(*t);
+  } else if (is_optional_tensor_list(value)) {
+    for (const c10::IValue& t : value.toListRef()) {
+      if (t.isTensor() && t.toTensor().defined()) {
+        fn(t.toTensor());
       }
     }
   }
@@ -51,10 +66,11 @@ void map_tensors(c10::IValue& value, Fn&& fn) {
       mapped.push_back(t.defined() ? fn(t) : t);
     }
     value = std::move(mapped);
-  } else if (value.isOptionalTensorList()) {
+  } else if (is_optional_tensor_list(value)) {
     c10::List<std::optional<at::Tensor>> mapped;
-    for (const std::optional<at::Tensor>& t : value.toOptionalTensorList()) {
-      mapped.push_back(t.has_value() && t->defined() ? std::optional<at::Tensor>(fn(*t)) : t);
+    for (const c10::IValue& t : value.toListRef()) {
+      const bool tensor = t.isTensor() && t.toTensor().defined();
+      mapped.push_back(tensor ? std::optional<at::Tensor>(fn(t.toTensor())) : std::nullopt);
     }
     value = std::move(mapped);
   }

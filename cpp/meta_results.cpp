@@ -61,6 +61,16 @@ bool plannable(const c10::OperatorHandle& op) {
          });
 }
 
+} // namespace
+
+bool results_depend_on_data(const c10::OperatorHandle& op) {
+  const auto& returns = op.schema().returns();
+  return has_data_dependent_shape(op.operator_name()) ||
+      !std::all_of(returns.begin(), returns.end(), [](const c10::Argument& r) { return is_tensor_like(r.type()); });
+}
+
+namespace {
+
 // The openreg tensor arguments of a call, in stack order (lists flattened).
 std::vector<at::Tensor> openreg_tensors(c10::ArrayRef<c10::IValue> arguments) {
   std::vector<at::Tensor> tensors;
@@ -116,11 +126,11 @@ class Key {
       for (const at::Tensor& t : value.toTensorList()) {
         encode(t);
       }
-    } else if (value.isOptionalTensorList()) {
+    } else if (is_optional_tensor_list(value)) {
       words_.push_back(kOptionalTensorList);
-      words_.push_back(static_cast<int64_t>(value.toOptionalTensorList().size()));
-      for (const std::optional<at::Tensor>& t : value.toOptionalTensorList()) {
-        encode(t.value_or(at::Tensor()));
+      words_.push_back(static_cast<int64_t>(value.toListRef().size()));
+      for (const c10::IValue& t : value.toListRef()) {
+        encode(t.isTensor() ? t.toTensor() : at::Tensor());
       }
     } else if (value.isInt()) {
       push(kInt, value.toInt());
@@ -240,6 +250,12 @@ std::optional<Plan> plan_with_meta_kernel(const c10::OperatorHandle& op, c10::Ar
     retarget_device(value, c10::kMeta);
     map_tensors(value, stand_in);
   }
+  // The Meta kernel only plans: the op's warnings are the CPU kernel's
+  // (Note [Kernel warnings] in device_memory.h).
+  struct DiscardWarnings final : c10::WarningHandler {
+    void process(const c10::Warning&) override {}
+  } discard;
+  c10::WarningUtils::WarningHandlerGuard no_warnings(&discard);
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
   } catch (const std::exception&) {
@@ -472,7 +488,13 @@ PlanLookup plan_results(
   return lookup;
 }
 
-void check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results) {
+void check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results, bool kernel_warned) {
+  // A kernel that warned runs where its caller waits from now on, so that
+  // its warnings reach the caller each time (Note [Kernel warnings]).
+  if (kernel_warned) {
+    plan_cache().settle(check.key, false);
+    return;
+  }
   // A planned tensor matches a result of the same dtype and sizes; a view
   // (not computed, so not copied) must match its geometry too. A result
   // with a lazy conjugate or negative bit (linalg_lu_solve(left=False)

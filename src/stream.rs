@@ -37,6 +37,25 @@
 //! running task's name, without copying, so naming costs a launch nothing.
 //! The text is read only when an error is built.
 //!
+//! Note [Sticky kernel failures]: a failed task (a kernel that threw, an
+//! injected kernel fault) is parked on its stream, and the next call that
+//! waits for that stream because the user asked for a result reports it:
+//! `synchronize()` of the stream, its device or an event recorded on it,
+//! `.item()`, `.cpu()`, `.tolist()`, a blocking copy, an op with a
+//! data-dependent shape, whether the wait found the stream busy (a queued
+//! wait) or idle (the op ran inline, then `take_failure`). CUDA reports a
+//! sticky error at every such call; openreg reports each failure once, at
+//! the first of them, and stays usable after it, so a test suite can go on
+//! in the same process. The runtime's own waits (a plan's first check, the
+//! allocator) leave it parked.
+//!
+//! Note [Waiting from inside a kernel]: a thread that runs a stream's work
+//! (its worker, or a thread running an inline task) and then waits for that
+//! same stream would wait for itself forever: a CPU kernel that called an op
+//! on openreg tensors would do that. `RUNNING_STREAM` remembers which stream
+//! the thread runs work of, and such a wait is an error naming the stream
+//! instead of a hang.
+//!
 //! Note [Idle workers]: a stream's worker thread is spawned by the first
 //! submission and exits after `OPENREG_WORKER_IDLE_MS` with nothing to do, so a
 //! process that touched a hundred streams keeps no hundred idle threads, and
@@ -54,6 +73,12 @@ use parking_lot::{Condvar, Mutex};
 use std::cell::Cell;
 
 use crate::device::DeviceIndex;
+
+thread_local! {
+    /// The stream whose work this thread runs, as an address (0: none).
+    /// Note [Waiting from inside a kernel].
+    static RUNNING_STREAM: Cell<usize> = const { Cell::new(0) };
+}
 use crate::error::{Error, ErrorKind, Result};
 use crate::event::Event;
 use crate::graph::Capture;
@@ -183,7 +208,8 @@ struct QueueState {
     /// The task running now, and since when (Note [Op timeout]).
     running: Option<Running>,
     shutting_down: bool,
-    /// A task that panicked; reported by the next `synchronize`.
+    /// A task that failed; reported by the next wait the user asked for
+    /// (Note [Sticky kernel failures]).
     deferred_error: Option<Error>,
     /// The graph capture this stream records into (Note [Capturing streams]).
     capture: Option<Arc<Capture>>,
@@ -320,6 +346,7 @@ impl StreamQueue {
     }
 
     fn worker_loop(&'static self) {
+        RUNNING_STREAM.with(|running| running.set(self as *const Self as usize));
         let idle = Duration::from_millis(options::get().worker_idle_ms);
         let mut st = self.state.lock();
         loop {
@@ -383,6 +410,7 @@ impl StreamQueue {
         crate::utilization::stream_became_busy(self.device);
         self.count_submission(&st);
         st.inline_running = true;
+        RUNNING_STREAM.with(|running| running.set(self as *const Self as usize));
         st.running = Some(Running { since: Instant::now(), name });
         true
     }
@@ -398,6 +426,7 @@ impl StreamQueue {
 
     /// Completes the work reserved by `try_begin_inline`.
     pub fn end_inline(&self) {
+        RUNNING_STREAM.with(|running| running.set(0));
         let mut st = self.state.lock();
         self.maybe_inject_kernel_fault(&mut st);
         st.running = None;
@@ -455,6 +484,9 @@ impl StreamQueue {
     /// (Note [Op timeout]).
     pub fn wait_for(&self, seq: u64, take_error: bool) -> Result<()> {
         let mut st = self.state.lock();
+        if st.completed < seq && RUNNING_STREAM.with(Cell::get) == self as *const Self as usize {
+            return Err(self.waits_for_itself());
+        }
         while st.completed < seq {
             match crate::op_timeout::limit().filter(|_| take_error) {
                 None => self.progress.wait(&mut st),
@@ -473,6 +505,23 @@ impl StreamQueue {
                 st.deferred_error = parked;
                 Ok(())
             }
+        }
+    }
+
+    #[cold]
+    fn waits_for_itself(&self) -> Error {
+        Error::invalid_value(format!(
+            "work running on {self} waits for {self} itself, which would never return (an op on openreg \
+             tensors called from inside a kernel on that stream)"
+        ))
+    }
+
+    /// Reports a parked task failure (once), as a wait the user asked for
+    /// does: for a user's wait that found the stream idle and ran inline.
+    pub fn take_failure(&self) -> Result<()> {
+        match self.state.lock().deferred_error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 

@@ -151,3 +151,25 @@ fn a_stream_waits_on_an_event_of_another_device_through_the_c_abi() {
     assert!(last_message().contains("device 0"), "{}", last_message());
     ok(orEventDestroy(e));
 }
+
+// The code and message a host function got from synchronizing its own stream.
+static SELF_WAIT: std::sync::Mutex<Option<(OrError, String)>> = std::sync::Mutex::new(None);
+
+extern "C" fn synchronize_own_stream(stream: *mut c_void) {
+    let code = orStreamSynchronize(stream);
+    *SELF_WAIT.lock().unwrap() = Some((code, last_message()));
+}
+
+#[test]
+fn work_that_waits_for_its_own_stream_fails_instead_of_hanging() {
+    // Note [Waiting from inside a kernel]: the worker running the host
+    // function would wait for itself.
+    ok(orSetDevice(0));
+    let s = pool_stream(0);
+    ok(orLaunchHostFunc(s, Some(slow_then_flag), null_mut()));
+    ok(orLaunchHostFunc(s, Some(synchronize_own_stream), s));
+    ok(orStreamSynchronize(s));
+    let (code, message) = SELF_WAIT.lock().unwrap().take().expect("the host function ran");
+    assert_eq!(code, INVALID_VALUE);
+    assert!(message.contains("waits for") && message.contains("itself"), "{message}");
+}
