@@ -9,6 +9,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/util/Exception.h>
 
 #include "torch_openreg/cpp/checked.h"
 #include "torch_openreg/src/ffi.rs.h"
@@ -200,6 +201,33 @@ void launch(c10::DeviceIndex device, Body&& body, ffi::LaunchMode mode, KernelIn
 }
 
 
+// Note [Kernel warnings]: a CPU kernel's warnings (TORCH_WARN) go to the
+// warning handler of the thread that runs it, which for a stream's worker
+// is not the caller's (Python's `warnings` never sees them there). A kernel
+// the host waits for (run_in_stream_order) collects its warnings and the
+// waiting thread raises them after it, once each, whichever thread ran it;
+// the fallback sends an op whose kernel warned to that route on later calls
+// too (a plan the warning marked unusable, meta_results.h), and its Meta
+// runs, which only plan, raise none. A queued kernel that warns without
+// having warned at its first call still warns on the worker (stderr).
+class CollectedWarnings final : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& warning) override {
+    warnings_.push_back(warning);
+  }
+  // Raises the collected warnings on the calling thread's handler; returns
+  // whether there were any.
+  bool raise_here() {
+    for (const c10::Warning& warning : warnings_) {
+      c10::warn(warning);
+    }
+    return !warnings_.empty();
+  }
+
+ private:
+  std::vector<c10::Warning> warnings_;
+};
+
 // Runs `body` as the next work of the current stream of `device` and
 // returns once it has run: right here when the stream is idle, else on the
 // stream's worker after the work queued before it while the caller waits (a
@@ -211,8 +239,9 @@ void launch(c10::DeviceIndex device, Body&& body, ffi::LaunchMode mode, KernelIn
 // Note [Meta results]), which is not reported and orders nothing for the
 // stream sanitizer, while a wait the user asked for orders the host after
 // the stream's work. `accesses()` returns the KernelInfo (see run_inline).
+// Returns whether `body` warned (Note [Kernel warnings]).
 template <typename Body, typename Accesses>
-void run_in_stream_order(
+bool run_in_stream_order(
     c10::DeviceIndex device,
     rust::Str what,
     Body&& body,
@@ -230,26 +259,39 @@ void run_in_stream_order(
       }
     }
   } host_waited{device, !what.empty()};
-  if (run_inline(device, 0, body, name, accesses)) {
+  CollectedWarnings warnings;
+  const auto body_collecting_warnings = [&body, &warnings] {
+    c10::WarningUtils::WarningHandlerGuard collect(&warnings);
+    body();
+  };
+  if (run_inline(device, 0, body_collecting_warnings, name, accesses)) {
+    const bool warned = warnings.raise_here();
+    if (host_waited.user_wait) {
+      // A queued wait reports an earlier kernel's failure; so does this one
+      // (Note [Sticky kernel failures] in src/stream.rs).
+      checked([&] { ffi::report_stream_failure(device); });
+    }
     host_waited.done();
-    return;
+    return warned;
   }
   std::exception_ptr failure;
   queue_kernel(
       device,
-      [&body, &failure] {
+      [&body_collecting_warnings, &failure] {
         try {
-          body();
+          body_collecting_warnings();
         } catch (...) {
           failure = std::current_exception();
         }
       },
       ffi::LaunchMode::Wait,
       sanitizer_on() ? KernelInfo(accesses()) : KernelInfo(name));
+  const bool warned = warnings.raise_here();
   if (failure) {
     std::rethrow_exception(failure);
   }
   host_waited.done();
+  return warned;
 }
 
 } // namespace openreg

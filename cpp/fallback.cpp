@@ -322,6 +322,10 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const char* name = op.schema().name().c_str();
   const auto accesses = [&call] { return call.accesses(); };
   if (run_inline(device.index(), call.largest_operand(), [&] { call.run_cpu_kernel_on_views(); }, name, accesses)) {
+    if (results_depend_on_data(op)) {
+      // As a waited call would (Note [Sticky kernel failures] in src/stream.rs).
+      checked([&] { ffi::report_stream_failure(device.index()); });
+    }
     call.results_to_device(device);
     return;
   }
@@ -338,10 +342,11 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string what = lookup.to_check
       ? std::string()
       : op.schema().name() + " (the host waits for its results: a data-dependent shape or a host value)";
-  run_in_stream_order(device.index(), what, [&] { call.run_cpu_kernel_on_views(); }, name, accesses);
+  const bool warned =
+      run_in_stream_order(device.index(), what, [&] { call.run_cpu_kernel_on_views(); }, name, accesses);
   call.results_to_device(device);
   if (lookup.to_check) {
-    check_plan(*lookup.to_check, call.arguments());
+    check_plan(*lookup.to_check, call.arguments(), warned);
   }
 }
 
@@ -374,7 +379,10 @@ void register_sparse_rejection(torch::Library& library) {
 //    functions are the exception: their meta functions shrink the output to
 //    0-dim after sizing it, so the out= call resizes it back and warns "An
 //    output with one or more elements was resized", which CPU never does.
-//    Their functional forms go straight to the fallback.
+//    Their functional forms go straight to the fallback. So does index:
+//    its meta function warns (a uint8 mask is deprecated), and a warning
+//    raised by the meta function on the device and again by the out=
+//    kernel's would reach the caller twice where CPU warns once.
 //  - Ops with their own CPU kernel and a CompositeExplicitAutograd or
 //    CompositeImplicitAutograd kernel (native_layer_norm, native_group_norm,
 //    addr, silu_backward, mish_backward, ...): the composite is a different
@@ -389,7 +397,7 @@ void register_fallback_kernels(torch::Library& aten) {
   auto to_fallback = [&aten](const std::string& name) {
     aten.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_on_cpu_views>());
   };
-  for (const char* op : {"mse_loss", "smooth_l1_loss"}) {
+  for (const char* op : {"mse_loss", "smooth_l1_loss", "index.Tensor"}) {
     to_fallback(op);
   }
   auto& dispatcher = c10::Dispatcher::singleton();

@@ -57,9 +57,15 @@ PlanLookup plan_results(
     c10::Device device,
     bool accept_unchecked = false);
 
+// Whether the host needs `op`'s data to have its results: a shape that
+// depends on the data (nonzero) or a result that is no tensor (a bool, a
+// number). The fallback's inline route is then a wait the user asked for.
+bool results_depend_on_data(const c10::OperatorHandle& op);
+
 // Trusts `check`'s plan from now on if the op's openreg `results`, computed
-// by running it, have the planned dtypes and shapes; else never uses it.
-void check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results);
+// by running it, have the planned dtypes and shapes and its kernel did not
+// warn (Note [Kernel warnings] in device_memory.h); else never uses it.
+void check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results, bool kernel_warned);
 
 // An openreg view of `original`'s memory with the dtype and geometry given
 // (a view may change the element type: view_as_real).

@@ -187,7 +187,7 @@ impl Event {
             Some(Target::Point(stream, seq, clock)) => {
                 crate::graph::check_host_sync(what, Some(stream))?;
                 crate::sync_debug::check(what)?;
-                stream.wait_for(seq, false)?;
+                stream.wait_for(seq, true)?;
                 match clock {
                     Some(clock) => sanitizer::host_waited_for(&clock, false),
                     None => Ok(()),

@@ -212,6 +212,9 @@ mod bridge {
         /// then call `end_inline_kernel` (Note [Inline launches]).
         fn begin_inline_kernel(device: i8) -> Result<bool>;
         fn end_inline_kernel(device: i8);
+        /// Reports a failed kernel of the current stream of `device` that
+        /// no wait has reported yet (Note [Sticky kernel failures]).
+        fn report_stream_failure(device: i8) -> Result<()>;
         /// Makes the current stream of `waiter` wait for everything queued so
         /// far on the current stream of `device`.
         fn stream_wait_stream(waiter: i8, device: i8) -> Result<()>;
@@ -622,6 +625,10 @@ fn end_inline_kernel(device: i8) {
     if let Ok(stream) = stream::current(device.into()) {
         stream.end_inline();
     }
+}
+
+fn report_stream_failure(device: i8) -> Result<()> {
+    stream::current(device.into())?.take_failure()
 }
 
 fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMode) -> Result<()> {

@@ -150,3 +150,39 @@ def test_fault_option_is_listed_and_unset_here():
     opt = torch.openreg.options()["OPENREG_FAULT"]
     assert (opt["value"], opt["source"]) == ("", "default")
     assert "alloc, kernel, event or enumerate" in opt["help"]
+
+
+@pytest.mark.parametrize(
+    "wait",
+    ["item", "cpu", "tolist", "blocking_copy", "event_synchronize", "stream_synchronize", "nonzero"],
+)
+def test_a_failed_kernel_is_reported_by_every_kind_of_wait(wait):
+    """Note [Sticky kernel failures]: the first call that waits for the
+    stream raises, whichever it is, idle stream or busy."""
+    x = torch.ones(8, device="openreg")
+    torch.openreg._inject_fault("kernel")
+    y = x + 1  # the failing kernel
+    calls = {
+        "item": lambda: y.sum().item(),
+        "cpu": lambda: y.cpu(),
+        "tolist": lambda: y.tolist(),
+        "blocking_copy": lambda: torch.empty(8).copy_(y),
+        "event_synchronize": lambda: torch.openreg.current_stream().record_event().synchronize(),
+        "stream_synchronize": lambda: torch.openreg.current_stream().synchronize(),
+        "nonzero": lambda: y.nonzero(),
+    }
+    with pytest.raises(RuntimeError, match=r"injected fault \(kernel\)"):
+        calls[wait]()
+    torch.openreg.synchronize()  # reported once
+    assert (x * 2).sum().item() == 16
+
+
+def test_a_failed_queued_kernel_is_reported_by_item():
+    s = torch.openreg.Stream()
+    with torch.openreg.stream(s):
+        x = torch.ones(8, device="openreg")
+        torch.openreg._sleep(30)
+        torch.openreg._inject_fault("kernel")
+        y = x + 1
+        with pytest.raises(RuntimeError, match=r"injected fault \(kernel\)"):
+            y.sum().item()
