@@ -73,6 +73,7 @@ fn main() {
         "cpp/graph.cpp",
         "cpp/graph_kernels.cpp",
         "cpp/profiler.cpp",
+        "cpp/profiler_stubs.cpp",
     ];
     cxx_build::bridge("src/ffi.rs")
         .files(sources)

@@ -31,5 +31,9 @@ void register_autocast();
 void register_graphs();
 // Registers the Kineto activity profiler for openreg devices (profiler.cpp).
 void register_profiler();
+// Registers the profiler's PrivateUse1 stubs, which time ops for the
+// autograd profiler's fallback mode (Note [Legacy profiler device timing],
+// profiler_stubs.cpp).
+void register_profiler_stubs();
 
 } // namespace openreg

@@ -26,6 +26,7 @@ void register_backend() {
   register_autocast();
   register_graphs();
   register_profiler();
+  register_profiler_stubs();
   registered.store(true);
 }
 

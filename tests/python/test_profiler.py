@@ -4,6 +4,7 @@ PrivateUse1 (cpp/profiler.cpp) records each kernel where it runs (Note
 it, and puts each openreg stream on its own row of the trace."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -102,3 +103,73 @@ def test_cpu_only_profiling_records_no_device_activity():
         x @ x
         torch.openreg.synchronize()
     assert all(e.self_device_time_total == 0 for e in p.key_averages())
+
+
+# ------------------------------------------- the legacy autograd profiler
+
+
+def _profiled_matmuls(**profiler_kwargs):
+    """Three `x @ x` and a record_function range around a 30 ms kernel,
+    under torch.autograd.profiler.profile; returns the profile and its wall
+    time in microseconds."""
+    x = torch.randn(128, 128, device=DEV)
+    torch.openreg.synchronize()
+    started = time.perf_counter()
+    with torch.autograd.profiler.profile(**profiler_kwargs) as p:
+        for _ in range(3):
+            x @ x
+        with record_function("sleeping_range"):
+            torch.openreg._sleep(30)
+            torch.openreg.synchronize()
+    return p, (time.perf_counter() - started) * 1e6
+
+
+def _assert_sane_times(p, wall_us):
+    """No time is negative or longer than the whole profile (a garbage start
+    time shows as about -4e16)."""
+    for e in p.key_averages():
+        for value in (e.cpu_time_total, e.self_cpu_time_total, e.device_time_total, e.self_device_time_total):
+            assert 0 <= value <= wall_us * 2, (e.key, value)  # totals add up nested calls
+    events = p.function_events if isinstance(p, torch.autograd.profiler.profile) else p.events()
+    for e in events:
+        assert 0 <= e.time_range.elapsed_us() <= wall_us, (e.name, e.time_range)
+        assert 0 <= e.device_time_total <= wall_us * 2, (e.name, e.device_time_total)
+
+
+def test_legacy_profiler_with_use_device_times_ops_on_the_device():
+    """use_device="openreg" without Kineto is the profiler's PrivateUse1
+    fallback mode: each op is timed by device events through the stubs
+    openreg registers (Note [Legacy profiler device timing] in
+    cpp/profiler_stubs.cpp). Without them every op's CPU time was garbage."""
+    p, wall_us = _profiled_matmuls(use_device="openreg")
+    _assert_sane_times(p, wall_us)
+    averages = {e.key: e for e in p.key_averages()}
+    assert averages["aten::mm"].count >= 3
+    assert averages["aten::mm"].device_time_total > 0
+    # Device time is stream time: the range waited on the stream for its
+    # 30 ms kernel; the matmuls did not.
+    assert averages["sleeping_range"].device_time_total >= 29_000
+    assert averages["aten::matmul"].device_time_total < 29_000
+
+
+@pytest.mark.parametrize(
+    "profiler_kwargs",
+    [
+        pytest.param({"use_device": "openreg", "use_kineto": True}, id="kineto-activities"),
+        pytest.param({}, id="cpu-only"),
+    ],
+)
+def test_legacy_profiler_other_modes_have_sane_times(profiler_kwargs):
+    p, wall_us = _profiled_matmuls(**profiler_kwargs)
+    _assert_sane_times(p, wall_us)
+
+
+def test_torch_profiler_device_only_has_sane_times():
+    x = torch.randn(128, 128, device=DEV)
+    started = time.perf_counter()
+    with profile(activities=[ProfilerActivity.PrivateUse1]) as p:
+        for _ in range(3):
+            x @ x
+        torch.openreg.synchronize()
+    _assert_sane_times(p, (time.perf_counter() - started) * 1e6)
+    assert sum(e.self_device_time_total for e in p.key_averages()) > 0

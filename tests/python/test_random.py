@@ -44,11 +44,13 @@ FRESH_PROCESS = script(
     "random_fresh_process",
     """
 import torch, torch_openreg
-result = {
+result = {"initialized_flag_at_import": torch.openreg._initialized}
+result |= {
     "initial": [torch.openreg.initial_seed()],
     "state1": torch.openreg.get_rng_state(1).tolist(),
     "contexts": [torch_openreg._C._has_primary_context(i) for i in range(2)],
 }
+result["initialized_flag_after_generator_use"] = torch.openreg._initialized
 torch.manual_seed(99)
 result["after_torch_manual_seed"] = [torch_openreg._C._get_default_generator(i).initial_seed() for i in range(2)]
 done(result)
@@ -91,6 +93,10 @@ def test_fresh_process_defaults_and_torch_manual_seed():
     # Reaching a default generator initializes the runtime (ATen's
     # lazyInitDevice, as for CUDA) but creates no device context.
     assert data["contexts"] == [False, False]
+    # torch.openreg._initialized, read by torch.utils.checkpoint: Note
+    # [torch.openreg._initialized].
+    assert data["initialized_flag_at_import"] is False
+    assert data["initialized_flag_after_generator_use"] is True
     assert data["after_torch_manual_seed"] == [99, 99]
 
 
@@ -137,6 +143,24 @@ def test_state_save_restore_mid_sequence():
     assert torch.equal(x, torch.rand(4, device="openreg:1").cpu())
 
 
+def test_state_restored_while_random_kernels_are_queued_reproduces_them():
+    # The offset moves when a kernel is launched, not when it runs (Note
+    # [Philox offsets]), so a state read behind queued kernels already
+    # counts them, and restoring it replays the draws that follow.
+    torch.openreg.manual_seed(8)
+    for device in ("openreg:0", "openreg:1"):
+        with torch.openreg.device(device):
+            torch.openreg._sleep(30)
+            queued = torch.randn(50_000, device=device)
+            saved = torch.openreg.get_rng_state(device)
+            torch.openreg._sleep(30)
+            first = [torch.randn(1000, device=device), torch.rand(9, device=device)]
+            torch.openreg.set_rng_state(saved, device)
+            again = [torch.randn(1000, device=device), torch.rand(9, device=device)]
+            assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(first, again))
+            assert not torch.equal(queued[:1000].cpu(), first[0].cpu())
+
+
 def test_offset_set_get_and_clone():
     g = torch.Generator(device="openreg:1")
     assert g.device == torch.device("openreg:1") and g.initial_seed() == DEFAULT_SEED
@@ -167,10 +191,9 @@ def test_accelerator_random_api():
 def test_fork_rng_restores_state():
     torch.openreg.manual_seed(5)
     with torch.random.fork_rng(devices=[0, 1], device_type="openreg"):
-        inside = torch.rand(5, device=DEV).cpu()
-        torch.rand(5, device="openreg:1")
-    outside = torch.rand(5, device=DEV).cpu()
-    assert torch.equal(inside, outside)
+        inside = [torch.rand(5, device=DEV).cpu(), torch.rand(5, device="openreg:1").cpu()]
+    outside = [torch.rand(5, device=DEV).cpu(), torch.rand(5, device="openreg:1").cpu()]
+    assert all(torch.equal(a, b) for a, b in zip(inside, outside))
 
 
 # --------------------------------------------------------- reproducibility

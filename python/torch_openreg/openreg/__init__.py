@@ -133,6 +133,16 @@ def __getattr__(name: str) -> Any:
     # tuple read on each access, so importing the module creates nothing.
     if name == "default_generators":
         return _default_generators()
+    # Note [torch.openreg._initialized]: torch.cuda's module flag, which
+    # device-generic PyTorch code reads with getattr(device_module,
+    # "_initialized", False) instead of calling is_initialized(): above all
+    # torch.utils.checkpoint, which saves the device RNG state for the
+    # recomputation only when it is true. Without it a checkpointed region's
+    # recomputation draws new random numbers (a different dropout mask).
+    # Read from the runtime on each access, as the runtime initializes itself
+    # on first device use.
+    if name == "_initialized":
+        return is_initialized()
     raise AttributeError(f"module 'torch.openreg' has no attribute {name!r}")
 
 
