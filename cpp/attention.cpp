@@ -17,7 +17,10 @@
 // to the math path, as on CUDA: dropout (the math path draws its mask from
 // the device generator, reproducible from the seed), a mask that needs a
 // gradient, grouped-query attention, head sizes that differ, other dtypes
-// or ranks. torch.nn.attention.sdpa_kernel choices are honoured.
+// or ranks. torch.nn.attention.sdpa_kernel choices are honoured. Called
+// directly, the overrideable op itself takes every input the math path
+// takes without dropout, and routes what the fused kernel cannot do through
+// its own math route (MathAttention below), forward and backward.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
@@ -52,11 +55,15 @@ bool fused_kernel_can_run(
   if (attn_mask.has_value() && attn_mask->defined()) {
     const auto& mask = *attn_mask;
     const bool mask_dtype = mask.scalar_type() == at::kBool || mask.scalar_type() == dtype;
-    if (!mask_dtype || (mask.dim() != 2 && mask.dim() != 4) || (at::GradMode::is_enabled() && mask.requires_grad())) {
+    if (!mask_dtype || (mask.dim() != 2 && mask.dim() != 4)) {
       return false;
     }
   }
   return true;
+}
+
+bool mask_needs_grad(const std::optional<at::Tensor>& attn_mask) {
+  return attn_mask.has_value() && attn_mask->defined() && at::GradMode::is_enabled() && attn_mask->requires_grad();
 }
 
 int64_t fused_sdp_choice(
@@ -69,7 +76,7 @@ int64_t fused_sdp_choice(
     std::optional<double> scale,
     bool enable_gqa) {
   const auto& context = at::globalContext();
-  if (context.userEnabledOverrideableSDP() &&
+  if (context.userEnabledOverrideableSDP() && !mask_needs_grad(attn_mask) &&
       fused_kernel_can_run(query, key, value, attn_mask, dropout_p, enable_gqa)) {
     return static_cast<int64_t>(at::SDPBackend::overrideable);
   }
@@ -97,6 +104,53 @@ std::optional<at::Tensor> additive_mask(const at::Tensor& mask, const at::Tensor
   return additive.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
 }
 
+// The math route of the overrideable op, for what the fused kernel cannot
+// do without dropout: other ranks, head sizes that differ between key and
+// value, grouped-query attention (fewer key/value heads), any float dtype.
+// It computes softmax(q k^T * scale + mask) v in float (float16/bfloat16 are
+// widened, as the fused kernel accumulates), and its backward recomputes the
+// probabilities from the saved inputs.
+struct MathAttention {
+  at::Tensor key;   // widened, with key/value heads repeated for grouped-query attention
+  at::Tensor value;
+  at::Tensor scores; // q k^T * scale + mask
+  at::Tensor probabilities;
+  double scale;
+};
+
+at::Tensor widened(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16 ? t.to(at::kFloat) : t;
+}
+
+at::Tensor repeat_heads(const at::Tensor& t, const at::Tensor& query) {
+  if (t.dim() < 3 || query.dim() != t.dim() || t.size(-3) == query.size(-3)) {
+    return t;
+  }
+  TORCH_CHECK(query.size(-3) % t.size(-3) == 0, "_scaled_dot_product_fused_attention_overrideable on openreg: ",
+              query.size(-3), " query heads cannot share ", t.size(-3), " key/value heads");
+  return t.repeat_interleave(query.size(-3) / t.size(-3), -3);
+}
+
+MathAttention math_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                             const at::Tensor& attn_bias, bool is_causal, std::optional<double> scale) {
+  MathAttention math;
+  const at::Tensor q = widened(query);
+  math.key = repeat_heads(widened(key), query);
+  math.value = repeat_heads(widened(value), query);
+  math.scale = scale.value_or(1.0 / std::sqrt(static_cast<double>(query.size(-1))));
+  at::Tensor scores = at::matmul(q, math.key.transpose(-2, -1)) * math.scale;
+  if (is_causal) {
+    at::Tensor keep = at::ones({query.size(-2), key.size(-2)}, query.options().dtype(at::kBool)).tril();
+    scores = scores.masked_fill(keep.logical_not(), -std::numeric_limits<double>::infinity());
+  }
+  if (auto mask = additive_mask(attn_bias, query)) {
+    scores = scores + widened(*mask);
+  }
+  math.probabilities = at::softmax(scores, -1);
+  math.scores = std::move(scores);
+  return math;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor, at::Tensor>
 fused_attention(
     const at::Tensor& query,
@@ -108,14 +162,20 @@ fused_attention(
     bool return_debug_mask,
     std::optional<double> scale) {
   TORCH_CHECK(
-      fused_kernel_can_run(query, key, value, attn_bias, dropout_p, false),
-      "_scaled_dot_product_fused_attention_overrideable on openreg: unsupported inputs (query ",
-      query.sizes(), " ", query.scalar_type(), ", key ", key.sizes(), ", value ", value.sizes(),
-      ", dropout_p ", dropout_p, "); torch._fused_sdp_choice chooses the math path for these");
+      dropout_p == 0.0,
+      "_scaled_dot_product_fused_attention_overrideable on openreg: no dropout (dropout_p ", dropout_p,
+      "); torch._fused_sdp_choice chooses the math path, which draws its mask from the device generator");
   TORCH_CHECK(!return_debug_mask, "_scaled_dot_product_fused_attention_overrideable on openreg: no debug mask");
-  auto mask = attn_bias.has_value() ? additive_mask(*attn_bias, query) : std::nullopt;
-  auto [output, logsumexp] =
-      at::_scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, mask, scale);
+  at::Tensor output, logsumexp;
+  if (fused_kernel_can_run(query, key, value, attn_bias, dropout_p, false)) {
+    auto mask = attn_bias.has_value() ? additive_mask(*attn_bias, query) : std::nullopt;
+    std::tie(output, logsumexp) =
+        at::_scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, mask, scale);
+  } else {
+    MathAttention math = math_attention(query, key, value, attn_bias.value_or(at::Tensor()), is_causal, scale);
+    output = at::matmul(math.probabilities, math.value).to(query.scalar_type());
+    logsumexp = at::logsumexp(math.scores, -1).to(at::kFloat);
+  }
   // No variable-length batches, no random state (no dropout), no debug
   // mask: the outputs that carry them are empty, as in the Meta kernel.
   auto no_random_state = at::empty({}, query.options().dtype(at::kLong));
@@ -153,10 +213,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backw
       !grad_input_mask[3] || !attn_bias.defined(),
       "_scaled_dot_product_fused_attention_overrideable_backward on openreg: no gradient for attn_bias "
       "(torch._fused_sdp_choice chooses the math path for a mask that requires grad)");
-  auto [grad_query, grad_key, grad_value] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-      grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
-      additive_mask(attn_bias, query), scale);
-  return {grad_query, grad_key, grad_value, at::Tensor()};
+  if (fused_kernel_can_run(query, key, value, attn_bias, dropout_p, false)) {
+    auto [grad_query, grad_key, grad_value] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, additive_mask(attn_bias, query), scale);
+    return {grad_query, grad_key, grad_value, at::Tensor()};
+  }
+  // The math route: with P = softmax(S), S = q k^T * scale + mask, O = P v:
+  // dV = P^T dO, dS = P * (dO v^T - rowsum(dO v^T * P)), dQ = dS k * scale,
+  // dK = dS^T q * scale; repeated key/value heads sum their gradients back.
+  MathAttention math = math_attention(query, key, value, attn_bias, is_causal, scale);
+  const at::Tensor dout = widened(grad_out);
+  const at::Tensor& p = math.probabilities;
+  at::Tensor grad_value = at::matmul(p.transpose(-2, -1), dout);
+  const at::Tensor dp = at::matmul(dout, math.value.transpose(-2, -1));
+  const at::Tensor ds = p * (dp - (dp * p).sum(-1, /*keepdim=*/true));
+  at::Tensor grad_query = at::matmul(ds, math.key) * math.scale;
+  at::Tensor grad_key = at::matmul(ds.transpose(-2, -1), widened(query)) * math.scale;
+  const auto heads_back = [&](const at::Tensor& g, const at::Tensor& like) {
+    if (g.dim() < 3 || g.size(-3) == like.size(-3)) {
+      return g;
+    }
+    std::vector<int64_t> grouped = like.sizes().vec();
+    grouped.insert(grouped.end() - 2, g.size(-3) / like.size(-3));
+    return g.reshape(grouped).sum(-3);
+  };
+  return {grad_query.to(query.scalar_type()), heads_back(grad_key, key).to(key.scalar_type()),
+          heads_back(grad_value, value).to(value.scalar_type()), at::Tensor()};
 }
 
 } // namespace

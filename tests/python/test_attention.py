@@ -142,3 +142,42 @@ def test_transformer_training_matches_cpu(cpu_threads_like_device_kernels):
         params.append([p.detach().cpu() for p in m.parameters()])
     for c, d in zip(*params):
         torch.testing.assert_close(d, c, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "shapes, dtype",
+    [
+        (((4, 2, 256, 128),) * 3, torch.float16),  # the fused kernel
+        (((2, 2, 8, 16), (2, 2, 8, 16), (2, 2, 8, 32)), torch.float32),  # value head size differs
+        (((2, 8, 16),) * 3, torch.float32),  # 3-D
+        (((2, 4, 8, 16), (2, 2, 6, 16), (2, 2, 6, 16)), torch.float32),  # grouped-query attention
+        (((2, 4, 8, 16), (2, 2, 6, 16), (2, 2, 6, 16)), torch.bfloat16),
+        (((2, 2, 8, 16),) * 3, torch.float64),
+    ],
+)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_overrideable_op_takes_what_the_math_path_takes(shapes, dtype, is_causal):
+    """Called directly, the overrideable op chooses its route inside and
+    matches the math path, forward and backward."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(s, dtype=dtype) for s in shapes)
+    gqa = q.dim() == 4 and q.size(1) != k.size(1)
+    leaves = [t.to("openreg").requires_grad_() for t in (q, k, v)]
+    out = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(*leaves, is_causal=is_causal)[0]
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    refs = [t.double().requires_grad_() for t in (q, k, v)]
+    want = torch.nn.functional.scaled_dot_product_attention(*refs, is_causal=is_causal, enable_gqa=gqa)
+    want.backward(grad.cpu().double())
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype in (torch.float16, torch.bfloat16) else dict(rtol=1e-4, atol=1e-5)
+    assert out.dtype == dtype and out.shape == want.shape
+    torch.testing.assert_close(out.cpu().double(), want.detach(), **tol)
+    for leaf, ref in zip(leaves, refs):
+        assert leaf.grad.dtype == dtype
+        torch.testing.assert_close(leaf.grad.cpu().double(), ref.grad, **tol)
+
+
+def test_overrideable_op_refuses_dropout_by_name():
+    q = torch.randn(2, 2, 8, 16, device="openreg")
+    with pytest.raises(RuntimeError, match="no dropout"):
+        torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q, q, q, dropout_p=0.1)
