@@ -57,16 +57,19 @@ fn the_timeout_names_the_running_task() {
 
     // Work another thread runs inline is named by that thread.
     let inline = stream(-1); // a fresh, idle stream
-    assert!(inline.try_begin_inline(TaskName::kernel(c"test.inline_kernel")));
     let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (began, began_rx) = std::sync::mpsc::channel();
     let runner = {
         let finished = Arc::clone(&finished);
         thread::spawn(move || {
+            assert!(inline.try_begin_inline(TaskName::kernel(c"test.inline_kernel")));
+            began.send(()).unwrap();
             thread::sleep(Duration::from_millis(2000));
             inline.end_inline();
             finished.store(true, std::sync::atomic::Ordering::Release);
         })
     };
+    began_rx.recv().unwrap();
     assert!(timeout_message(inline).contains("kernel \"test.inline_kernel\" running on"));
 
     // Without a timeout, the waits complete.
