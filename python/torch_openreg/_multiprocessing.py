@@ -31,6 +31,11 @@ PyTorch's reduction.
   gets there); the receiver's current stream waits for it before any work
   on the storage, so work queued before the send is visible to the receiver.
   Each side sees the other's later writes after synchronizing with it.
+- Sending on (CUDA's received_cuda flag): a storage received from another
+  process is not sent again; ``reduce_storage`` raises CUDA's RuntimeError,
+  naming openreg, for it and for every tensor, view or parameter over it
+  (Note [Received storages are not sent on]). A clone is a storage of the
+  receiver's own, and travels as any other.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from multiprocessing.resource_sharer import DupFd
 
 import torch
 from torch.multiprocessing import reductions as torch_reductions
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from torch_openreg import _C
 
@@ -78,6 +84,29 @@ def _sent_count() -> int:
         return len(_sent)
 
 
+# Note [Received storages are not sent on]: the storages this process
+# received, by the address of their StorageImpl (``storage._cdata``, the
+# same for every Python storage, tensor, view and parameter over it). Each
+# entry holds a weak reference: it keeps no memory alive (a released
+# storage's data goes at once), but keeps the StorageImpl's address from being
+# reused while the entry exists, so a live storage found here is one that was
+# received. Entries of released storages are dropped at the next receive.
+_received_lock = threading.Lock()
+_received: dict[int, StorageWeakRef] = {}
+
+
+def _remember_received(storage: torch.UntypedStorage) -> None:
+    with _received_lock:
+        for address in [address for address, ref in _received.items() if ref.expired()]:
+            del _received[address]
+        _received[storage._cdata] = StorageWeakRef(storage)
+
+
+def _was_received(storage: torch.UntypedStorage) -> bool:
+    with _received_lock:
+        return storage._cdata in _received
+
+
 def _rebuild_empty_storage(device: int) -> torch.UntypedStorage:
     return torch.UntypedStorage(0, device=torch.device(_DEVICE_TYPE, device))
 
@@ -100,6 +129,7 @@ def _rebuild_storage(
     finally:
         os.close(memory_fd)
     _C._ipc_wait_for_signal(device, signal_fd)
+    _remember_received(storage)
     return storage
 
 
@@ -107,6 +137,11 @@ def reduce_storage(storage: torch.UntypedStorage):
     """ForkingPickler's reduction of ``torch.UntypedStorage``."""
     if storage.device.type != _DEVICE_TYPE:
         return torch_reductions.reduce_storage(storage)
+    if _was_received(storage):
+        raise RuntimeError(
+            "Attempted to send openreg tensor received from another process; "
+            "this is not currently supported. Consider cloning before sending."
+        )
     ipc_collect()
     device = storage.device.index
     if storage.nbytes() == 0:

@@ -87,6 +87,28 @@ def event_consumer(inbox, outbox) -> None:
     _get(inbox)
 
 
+def resender(inbox, outbox) -> None:
+    """Receives a tensor, a storage and a parameter, tries to send each of
+    them (and a view of the tensor) on, reports how each attempt ends, then
+    sends a clone of the tensor back."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch_openreg  # noqa: F401
+
+    received = {"tensor": _get(inbox), "storage": _get(inbox), "parameter": _get(inbox)}
+    received["view"] = received["tensor"][2:]
+    attempts = {}
+    for kind, value in received.items():
+        try:
+            ForkingPickler.dumps(value)  # what a queue's feeder thread does
+            attempts[kind] = "sent"
+        except Exception as e:
+            attempts[kind] = f"{type(e).__name__}: {e}"
+    outbox.put(attempts)
+    outbox.put(received["tensor"].clone())
+    _get(inbox)  # keep the clone until the parent has looked
+
+
 def _start(target, *args):
     context = mp.get_context("spawn")
     inbox, outbox = context.Queue(), context.Queue()
@@ -204,4 +226,19 @@ def main() -> dict:
     inbox.put("drop")
     _get(outbox)
     out["exit_5"] = _finish(process)
+
+    # 7. What a process received it does not send on, as with CUDA; a clone
+    # of it is its own memory and travels. The sender's add after it got the
+    # clone back does not show in the clone.
+    process, inbox, outbox = _start(resender)
+    t = torch.arange(6.0, device="openreg:0")
+    inbox.put(t)
+    inbox.put(torch.full((4,), 5.0, device="openreg:0").untyped_storage())
+    inbox.put(torch.nn.Parameter(torch.ones(3, device="openreg:0")))
+    out["resend_attempts"] = _get(outbox)
+    clone = _get(outbox)
+    t.add_(1)
+    out["resent_clone"] = {"device": str(clone.device), "values": clone.tolist()}
+    inbox.put("bye")
+    out["exit_resend"] = _finish(process)
     return out

@@ -354,3 +354,52 @@ def test_graphed_backend_runs_uncapturable_graphs_eagerly():
     g = torch.compile(lambda x: x + 1, backend="openreg_graphs")
     with pytest.warns(UserWarning, match="not all on one openreg device"):
         assert torch.equal(g(torch.ones(3)), torch.full((3,), 2.0))
+
+
+# --- backend="openreg": Inductor, its compiled graphs replayed ----------------
+# (Note [The openreg compile backend] in python/torch_openreg/_graph_backend.py)
+
+
+def test_openreg_backend_is_found_by_name():
+    assert "openreg" in torch._dynamo.list_backends()
+
+
+def test_openreg_backend_trains_as_on_the_cpu(monkeypatch):
+    """A small model's forward and backward: Inductor generates their kernels
+    (stream launchers), the graphs are replayed from the second step on, and
+    losses and gradients are the CPU's."""
+    from torch._inductor.utils import run_and_get_code
+
+    from torch_openreg import _graph_backend
+
+    replayed = []
+    replay = _graph_backend._GraphedCallable._replay
+
+    def counted_replay(self, inputs):
+        replayed.append(self._name)
+        return replay(self, inputs)
+
+    monkeypatch.setattr(_graph_backend._GraphedCallable, "_replay", counted_replay)
+
+    model = _mlp()
+    on_cpu = copy.deepcopy(model)
+    compiled = torch.compile(model.to(DEV), backend="openreg")
+
+    def step(net, x, y):
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        return loss.detach()
+
+    torch.manual_seed(3)
+    for i in range(3):
+        x, y = torch.randn(8, 12), torch.randint(0, 5, (8,))
+        if i == 0:
+            loss, code = run_and_get_code(step, compiled, x.to(DEV), y.to(DEV))
+            assert len(code) == 2 and all("torch_openreg::launch(" in c for c in code)  # forward, backward
+        else:
+            loss = step(compiled, x.to(DEV), y.to(DEV))
+        torch.testing.assert_close(loss.cpu(), step(on_cpu, x, y), rtol=1e-5, atol=1e-5)
+        for p, q in zip(model.parameters(), on_cpu.parameters()):
+            torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)
+            p.grad, q.grad = None, None
+    assert replayed == ["forward", "backward"] * 2

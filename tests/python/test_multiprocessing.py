@@ -5,6 +5,7 @@ everything runs in a subprocess with deadlines."""
 
 import os
 import pickle
+import re
 
 import pytest
 import torch
@@ -96,6 +97,42 @@ def test_cpu_tensors_use_torch_reduction():
     r = _result()
     assert r["cpu_received"]["device"] == "cpu" and r["cpu_received"]["sum"] == 16.0
     assert r["exit_5"] == 0
+
+
+# CUDA's error (torch/csrc/StorageSharing.cpp), naming openreg.
+RESEND_REFUSAL = (
+    "Attempted to send openreg tensor received from another process; "
+    "this is not currently supported. Consider cloning before sending."
+)
+
+
+@pytest.mark.subprocess
+def test_received_tensors_are_not_sent_on_but_their_clones_are():
+    r = _result()
+    refused = f"RuntimeError: {RESEND_REFUSAL}"
+    assert r["resend_attempts"] == {"tensor": refused, "storage": refused, "parameter": refused, "view": refused}
+    assert r["resent_clone"] == {"device": "openreg:0", "values": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]}
+    assert r["exit_resend"] == 0
+
+
+def test_storage_opened_in_this_process_is_not_sent_on():
+    """The same rule for a storage this process both sent and opened (what
+    any receiver does); the record of it goes once it is released."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch_openreg import _multiprocessing
+
+    t = torch.arange(4.0, device="openreg:0")
+    received = ForkingPickler.loads(ForkingPickler.dumps(t))
+    assert received.tolist() == t.tolist()
+    for value in (received, received[1:], received.untyped_storage(), torch.nn.Parameter(received)):
+        with pytest.raises(RuntimeError, match=re.escape(RESEND_REFUSAL)):
+            ForkingPickler.dumps(value)
+    ForkingPickler.loads(ForkingPickler.dumps(received.clone()))  # a clone is this process's own
+    del received, value
+    kept = ForkingPickler.loads(ForkingPickler.dumps(t))  # the next receive forgets released storages
+    assert kept.untyped_storage()._cdata in _multiprocessing._received
+    assert not any(ref.expired() for ref in _multiprocessing._received.values())
 
 
 @pytest.mark.subprocess
