@@ -305,6 +305,10 @@ void check_out_dtype(const char* op, const at::Tensor& input, at::ScalarType out
               op, ": out_dtype must be the same as input dtype or fp32 for fp16/bf16 inputs");
 }
 
+void check_out(const char* op, const at::Tensor& out, at::ScalarType out_dtype) {
+  TORCH_CHECK(out.scalar_type() == out_dtype, op, ": out must be of out_dtype ", out_dtype, ", got ", out.scalar_type());
+}
+
 at::Tensor mm_dtype(const at::Tensor& self, const at::Tensor& mat2, at::ScalarType out_dtype) {
   check_out_dtype("mm", self, out_dtype);
   return at::mm(self.to(out_dtype), mat2.to(out_dtype));
@@ -312,7 +316,7 @@ at::Tensor mm_dtype(const at::Tensor& self, const at::Tensor& mat2, at::ScalarTy
 
 at::Tensor& mm_dtype_out(const at::Tensor& self, const at::Tensor& mat2, at::ScalarType out_dtype, at::Tensor& out) {
   check_out_dtype("mm", self, out_dtype);
-  TORCH_CHECK(out.scalar_type() == out_dtype, "mm: out must be of out_dtype ", out_dtype, ", got ", out.scalar_type());
+  check_out("mm", out, out_dtype);
   return at::mm_out(out, self.to(out_dtype), mat2.to(out_dtype));
 }
 
@@ -323,7 +327,7 @@ at::Tensor bmm_dtype(const at::Tensor& self, const at::Tensor& mat2, at::ScalarT
 
 at::Tensor& bmm_dtype_out(const at::Tensor& self, const at::Tensor& mat2, at::ScalarType out_dtype, at::Tensor& out) {
   check_out_dtype("bmm", self, out_dtype);
-  TORCH_CHECK(out.scalar_type() == out_dtype, "bmm: out must be of out_dtype ", out_dtype, ", got ", out.scalar_type());
+  check_out("bmm", out, out_dtype);
   return at::bmm_out(out, self.to(out_dtype), mat2.to(out_dtype));
 }
 
@@ -337,8 +341,7 @@ at::Tensor& addmm_dtype_out(const at::Tensor& self, const at::Tensor& mat1, cons
                             at::ScalarType out_dtype, const at::Scalar& beta, const at::Scalar& alpha,
                             at::Tensor& out) {
   check_out_dtype("addmm", mat1, out_dtype);
-  TORCH_CHECK(out.scalar_type() == out_dtype, "addmm: out must be of out_dtype ", out_dtype, ", got ",
-              out.scalar_type());
+  check_out("addmm", out, out_dtype);
   return at::addmm_out(out, self.to(out_dtype), mat1.to(out_dtype), mat2.to(out_dtype), beta, alpha);
 }
 
@@ -352,8 +355,7 @@ at::Tensor& baddbmm_dtype_out(const at::Tensor& self, const at::Tensor& batch1, 
                               at::ScalarType out_dtype, const at::Scalar& beta, const at::Scalar& alpha,
                               at::Tensor& out) {
   check_out_dtype("baddbmm", batch1, out_dtype);
-  TORCH_CHECK(out.scalar_type() == out_dtype, "baddbmm: out must be of out_dtype ", out_dtype, ", got ",
-              out.scalar_type());
+  check_out("baddbmm", out, out_dtype);
   return at::baddbmm_out(out, self.to(out_dtype), batch1.to(out_dtype), batch2.to(out_dtype), beta, alpha);
 }
 

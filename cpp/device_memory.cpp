@@ -207,7 +207,7 @@ ffi::LaunchMode launch_mode_for(int64_t numel) {
 namespace openreg::ffi {
 
 void run_kernel(Kernel& kernel) {
-  KernelThreads threads;
+  KernelScope scope;
   kernel.body();
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
 #include <c10/core/Device.h>
 #include <c10/util/Exception.h>
 
@@ -116,6 +117,21 @@ class KernelThreads {
   int saved_ = 0; // 0: nothing to restore
 };
 
+// Note [No ops inside kernels]: a kernel is device work, not ops: the
+// at:: calls a CPU kernel makes inside (mm calling mm_out, a composite's
+// pieces) would otherwise reach the profiler as ops of their own, nested in
+// the op that launched the kernel (doubling its CPU time) or, for a queued
+// kernel, on a worker thread. CUDA's kernels make no op calls; so a kernel
+// body runs with RecordFunction callbacks off (KernelScope).
+class KernelScope {
+ public:
+  KernelScope() : no_ops_inside_(false) {}
+
+ private:
+  KernelThreads threads_;
+  at::RecordFunctionGuard no_ops_inside_;
+};
+
 // What a kernel is: its name (a string that lives for the process, like an
 // operator's name) and the memory it reads and writes. Captured in a graph
 // it labels the kernel's node in the debug dump (src/graph.rs); the stream
@@ -177,7 +193,7 @@ bool run_inline(c10::DeviceIndex device, int64_t numel, Body&& body, const char*
     sanitize(device, accesses());
   }
   DeviceAccess access;
-  KernelThreads threads;
+  KernelScope scope;
   if (!ffi::profiler_active()) {
     body();
     return true;

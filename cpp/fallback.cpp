@@ -197,6 +197,10 @@ class Call {
 
   void note_device(const c10::Device& device) {
     c10::Device indexed = device.has_index() ? device : c10::Device(device.type(), ffi::current_device());
+    // The indexed tensor comes first; CUDA names indices on another device so.
+    TORCH_CHECK(
+        !device_ || *device_ == indexed || !accepts_cpu_indices(op.operator_name()),
+        "indices should be either on cpu or on the same device as the indexed tensor (", *device_, ")");
     TORCH_CHECK(
         !device_ || *device_ == indexed,
         "Expected all tensors to be on the same device, but found at least two devices, ", *device_, " and ",

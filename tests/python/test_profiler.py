@@ -126,10 +126,13 @@ def _profiled_matmuls(**profiler_kwargs):
 
 def _assert_sane_times(p, wall_us):
     """No time is negative or longer than the whole profile (a garbage start
-    time shows as about -4e16)."""
+    time shows as about -4e16). A key's totals add up its nested calls: a
+    structured op such as mm runs its out= form inside itself under the same
+    name (Note [Composites that differ from CPU]), so aten::mm's total counts
+    each matmul twice, plus the matmul around it."""
     for e in p.key_averages():
         for value in (e.cpu_time_total, e.self_cpu_time_total, e.device_time_total, e.self_device_time_total):
-            assert 0 <= value <= wall_us * 2, (e.key, value)  # totals add up nested calls
+            assert 0 <= value <= wall_us * 3, (e.key, value)
     events = p.function_events if isinstance(p, torch.autograd.profiler.profile) else p.events()
     for e in events:
         assert 0 <= e.time_range.elapsed_us() <= wall_us, (e.name, e.time_range)
