@@ -162,6 +162,10 @@ KernelInfo::KernelInfo(const char* name, std::initializer_list<at::Tensor> reads
 }
 
 void KernelInfo::add(const at::Tensor& t, bool written) {
+  if (t.defined() && t.is_nested()) { // its whole buffer (Note [Nested tensors] in fallback.cpp)
+    add_bytes(t.storage().data(), t.storage().nbytes(), written);
+    return;
+  }
   if (!t.defined() || !t.has_storage() || t.numel() == 0) {
     return;
   }

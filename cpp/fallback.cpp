@@ -31,7 +31,21 @@
 //
 // Every route checks devices first, as CUDA does: openreg tensors on one
 // device; a CPU tensor only as a read 0-dim scalar (or as indices).
+//
+// Note [Nested tensors]: a nested openreg tensor is a NestedTensorImpl whose
+// buffer is device memory (dispatch key NestedTensorPrivateUse1). PyTorch
+// registers its nested kernels for NestedTensorCPU and NestedTensorCUDA only,
+// so the fallback also serves NestedTensorPrivateUse1: each nested argument
+// becomes a NestedTensorCPU view of the same memory (same nested sizes,
+// strides and offsets), and the CPU nested kernel runs on the views. A nested
+// result is rebuilt on openreg: over the argument's memory when it views it,
+// else with its buffer copied to new device memory, like any fresh result
+// (so also for ops that make nested tensors from dense ones, as
+// nn.TransformerEncoder's fast path does with _nested_tensor_from_mask).
+// Meta kernels cannot plan nested results (their sizes are data), so a call
+// with nested arguments runs inline or waited (routes 1 and 3).
 #include <ATen/ATen.h>
+#include <ATen/NestedTensorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
@@ -56,6 +70,18 @@ bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && a.strides() == b.strides() && a.storage_offset() == b.storage_offset();
 }
 
+// The whole storage of a nested tensor, as a 1-D dense tensor of its dtype.
+at::Tensor nested_buffer(const at::Tensor& nested) {
+  return at::native::get_nested_tensor_impl(nested)->get_unsafe_storage_as_tensor();
+}
+
+// `like`'s nested geometry over `buffer` (a 1-D tensor of its storage).
+at::Tensor nested_over(const at::Tensor& buffer, const at::Tensor& like) {
+  const auto* impl = at::native::get_nested_tensor_impl(like);
+  return at::detail::make_tensor<at::native::NestedTensorImpl>(
+      buffer, impl->get_nested_sizes(), impl->get_nested_strides(), impl->get_storage_offsets());
+}
+
 // The arguments of one call: where they are on the stack, and their device.
 class Call {
  public:
@@ -78,7 +104,9 @@ class Call {
       for_each_tensor(value, [&](const at::Tensor& t) {
         if (t.is_privateuseone()) {
           note_device(t.device());
-          largest_operand_ = std::max(largest_operand_, t.numel());
+          has_nested_ |= t.is_nested();
+          const int64_t elements = t.is_nested() ? nested_buffer(t).numel() : t.numel();
+          largest_operand_ = std::max(largest_operand_, elements);
         } else if (t.is_cpu() && written) {
           written_host_tensor_ = true;
         } else if (t.is_cpu() && t.dim() > 0) {
@@ -99,6 +127,12 @@ class Call {
   // inline (kInlineKernelElements).
   int64_t largest_operand() const {
     return largest_operand_;
+  }
+
+  // Whether a nested openreg tensor is among the arguments (after
+  // check_devices; Note [Nested tensors]).
+  bool has_nested() const {
+    return has_nested_;
   }
 
   // What the op reads and writes of its arguments, from the schema's alias
@@ -132,12 +166,13 @@ class Call {
         if (!t.is_privateuseone()) {
           return t;
         }
-        at::Tensor view = cpu_view(t);
+        at::Tensor view = t.is_nested() ? nested_over(cpu_view(nested_buffer(t)), t) : cpu_view(t);
         views_.emplace_back(view, t);
         return view;
       });
     }
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+    const auto key = has_nested_ ? c10::DispatchKey::NestedTensorCPU : c10::DispatchKey::CPU;
+    op.redispatchBoxed(c10::DispatchKeySet(key), &stack);
   }
 
   // Routes 1 and 3, after the kernel: each host result becomes the openreg
@@ -157,6 +192,9 @@ class Call {
   at::Tensor to_device_result(const at::Tensor& result, c10::Device device) {
     if (!result.is_cpu()) {
       return result;
+    }
+    if (result.is_nested()) {
+      return nested_to_device(result, device);
     }
     TORCH_CHECK_NOT_IMPLEMENTED(
         result.layout() == c10::kStrided, "sparse layouts are not supported on openreg: ", op.operator_name(),
@@ -195,6 +233,22 @@ class Call {
     return copy_to_device(result, device, op.schema().name().c_str());
   }
 
+  // A nested CPU result as the openreg tensor it stands for (Note [Nested
+  // tensors]).
+  at::Tensor nested_to_device(const at::Tensor& result, c10::Device device) {
+    const at::Tensor buffer = nested_buffer(result);
+    for (const auto& [view, original] : views_) {
+      if (result.unsafeGetTensorImpl() == view.unsafeGetTensorImpl()) {
+        return original; // an in-place op
+      }
+      if (result.storage().data() == view.storage().data() && result.storage().nbytes() > 0) {
+        const int64_t elements = static_cast<int64_t>(original.storage().nbytes() / result.itemsize());
+        return nested_over(alias_of(original, result.scalar_type(), {elements}, {1}, 0), result);
+      }
+    }
+    return nested_over(copy_to_device(buffer, device, op.schema().name().c_str()), result);
+  }
+
   void note_device(const c10::Device& device) {
     c10::Device indexed = device.has_index() ? device : c10::Device(device.type(), ffi::current_device());
     // The indexed tensor comes first; CUDA names indices on another device so.
@@ -210,6 +264,7 @@ class Call {
 
   std::optional<c10::Device> device_;
   int64_t largest_operand_ = 0;
+  bool has_nested_ = false;
   bool host_tensor_ = false;
   bool written_host_tensor_ = false;
   std::vector<std::pair<at::Tensor, at::Tensor>> views_; // (CPU view, openreg original)
@@ -337,7 +392,8 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (capturing && queue_graph_kernel(call, device)) {
     return;
   }
-  PlanLookup lookup = plan_results(op, call.arguments(), device, /*accept_unchecked=*/capturing);
+  PlanLookup lookup =
+      call.has_nested() ? PlanLookup() : plan_results(op, call.arguments(), device, /*accept_unchecked=*/capturing);
   if (lookup.planned) {
     queue_with_planned_results(call, device, *lookup.planned);
     return;
@@ -354,6 +410,27 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
+// The NestedTensorPrivateUse1 kernel of every op (Note [Nested tensors]).
+// Copies and ops that make tensors on another device (a nested CPU
+// argument, a CPU `device` argument: _to_copy, copy_, empty_like) move data
+// between devices, the host's included: their CPU nested kernels do that
+// with dense ops on the buffers, which reach openreg's own copies and
+// factories, so they run as they are.
+void run_nested(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  bool crosses_devices = op.operator_name().name == "aten::copy_";
+  const size_t count = op.schema().arguments().size();
+  for (size_t i = stack->size() - count; i < stack->size(); ++i) {
+    const c10::IValue& value = (*stack)[i];
+    crosses_devices |= value.isDevice() && !value.toDevice().is_privateuseone();
+    for_each_tensor(value, [&](const at::Tensor& t) { crosses_devices |= t.is_nested() && t.is_cpu(); });
+  }
+  if (crosses_devices) {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::NestedTensorCPU), stack);
+    return;
+  }
+  run_on_cpu_views(op, stack);
+}
+
 } // namespace
 
 void register_fallback(torch::Library& library) {
@@ -368,6 +445,32 @@ void reject_sparse(const c10::OperatorHandle& op, torch::jit::Stack*) {
       false, "sparse layouts are not supported on openreg (", op.operator_name(),
       "); keep sparse tensors on the CPU or convert them with to_dense() first");
 }
+
+// A backend fallback ranks below an op's CompositeImplicitAutograd kernel,
+// which for a nested tensor would decompose into dense ops that nested
+// tensors lack (linear into matmul into sizes()): every op with a
+// NestedTensorCPU kernel gets the nested kernel by name, as CUDA has its own.
+void register_nested_fallback(torch::Library& fallback, torch::Library& nested_aten) {
+  fallback.fallback(torch::CppFunction::makeFromBoxedFunction<&run_nested>());
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& op_name : dispatcher.getAllOpNames()) {
+    constexpr std::string_view kAten = "aten::";
+    if (op_name.name.rfind(kAten, 0) != 0) {
+      continue;
+    }
+    auto op = dispatcher.findOp(op_name);
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::NestedTensorCPU) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::NestedTensorPrivateUse1)) {
+      continue;
+    }
+    std::string name = op_name.name.substr(kAten.size());
+    if (!op_name.overload_name.empty()) {
+      name += "." + op_name.overload_name;
+    }
+    nested_aten.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_nested>());
+  }
+}
+
 
 void register_sparse_rejection(torch::Library& library) {
   library.fallback(torch::CppFunction::makeFromBoxedFunction<&reject_sparse>());
