@@ -44,8 +44,22 @@
 // nn.TransformerEncoder's fast path does with _nested_tensor_from_mask).
 // Meta kernels cannot plan nested results (their sizes are data), so a call
 // with nested arguments runs inline or waited (routes 1 and 3).
+//
+// Note [Quantized tensors]: as on CUDA, a quantized openreg tensor is a
+// QTensorImpl over device memory (QuantizedPrivateUse1) with its quantizer;
+// per-channel scales and zero points are kept as CPU tensors the quantizer
+// owns (q_per_channel_scales() returns them on the device, as CUDA does).
+// The fallback serves QuantizedPrivateUse1 as it serves nested tensors: each
+// quantized argument becomes a QuantizedCPU view of the same bytes with the
+// same quantizer, the CPU quantized kernel runs (quantize, dequantize,
+// int_repr, views such as flatten and flip, q_scale...), and a quantized
+// result comes back over the argument's memory or with its bytes copied to
+// the device. A copy between quantized tensors on different devices copies
+// their bytes (_copy_from, as the dense copy does). Also routes 1 and 3.
 #include <ATen/ATen.h>
 #include <ATen/NestedTensorImpl.h>
+#include <ATen/quantized/QTensorImpl.h>
+#include <ATen/quantized/Quantizer.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
@@ -82,6 +96,68 @@ at::Tensor nested_over(const at::Tensor& buffer, const at::Tensor& like) {
       buffer, impl->get_nested_sizes(), impl->get_nested_strides(), impl->get_storage_offsets());
 }
 
+// The bytes of a quantized tensor as a dense tensor of its integer dtype,
+// same geometry and device.
+at::Tensor quantized_bytes(const at::Tensor& q) {
+  const auto key = q.is_cpu() ? c10::DispatchKey::CPU : c10::DispatchKey::PrivateUse1;
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(q.storage()), c10::DispatchKeySet(key), c10::scalarTypeToTypeMeta(c10::toUnderlying(q.scalar_type())));
+  impl->set_sizes_and_strides(q.sizes(), q.strides(), q.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
+// `quantizer` with tensors of its own (a CPU kernel's per-channel quantizer
+// may hold CPU views of device memory, which do not keep it alive).
+at::QuantizerPtr owned_quantizer(const at::QuantizerPtr& quantizer) {
+  if (quantizer->qscheme() != c10::kPerChannelAffine && quantizer->qscheme() != c10::kPerChannelAffineFloatQParams) {
+    return quantizer;
+  }
+  const auto* per_channel = static_cast<const at::PerChannelAffineQuantizer*>(quantizer.get());
+  return at::make_per_channel_affine_quantizer(
+      per_channel->scales().clone(), per_channel->zero_points().clone(), per_channel->axis(), quantizer->scalar_type());
+}
+
+// A quantized tensor over `bytes` (dense, its integer dtype): `like`'s dtype,
+// `bytes`' geometry and device, `quantizer`.
+at::Tensor quantized_over(const at::Tensor& bytes, const at::Tensor& like, at::QuantizerPtr quantizer) {
+  const auto key = bytes.is_cpu() ? c10::DispatchKey::QuantizedCPU : c10::DispatchKey::QuantizedPrivateUse1;
+  auto impl = c10::make_intrusive<at::QTensorImpl>(
+      c10::Storage(bytes.storage()), c10::DispatchKeySet(key), like.dtype(), std::move(quantizer));
+  impl->set_sizes_and_strides(bytes.sizes(), bytes.strides(), bytes.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
+// _copy_from(src, dst) or copy_(dst, src) between quantized tensors (CPU
+// has no _copy_from kernel, and either may be on the host): the bytes move
+// with openreg's dense copy, dst takes src's quantizer (as CPU's copy_ of
+// quantized tensors does). False if not such a call.
+bool copy_quantized_bytes(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const std::string& name = op.operator_name().name;
+  const bool copy_from = name == "aten::_copy_from";
+  if (!copy_from && name != "aten::copy_") {
+    return false;
+  }
+  const size_t first = stack->size() - op.schema().arguments().size();
+  const at::Tensor& a = (*stack)[first].toTensor();
+  const at::Tensor& b = (*stack)[first + 1].toTensor();
+  const at::Tensor& src = copy_from ? a : b;
+  const at::Tensor& dst = copy_from ? b : a;
+  if (!src.is_quantized() || !dst.is_quantized()) {
+    return false;
+  }
+  TORCH_CHECK(src.scalar_type() == dst.scalar_type(), "Quantized copy only works with same qtype, got ",
+              src.scalar_type(), " and ", dst.scalar_type());
+  TORCH_CHECK(src.sizes() == dst.sizes(), "Quantized copy only works with tensors of the same shape, got ",
+              src.sizes(), " and ", dst.sizes());
+  const bool non_blocking = (*stack)[first + 2].toBool();
+  at::get_qtensorimpl(dst)->set_quantizer_(owned_quantizer(at::get_qtensorimpl(src)->quantizer()));
+  quantized_bytes(dst).copy_(quantized_bytes(src), non_blocking);
+  at::Tensor result = dst;
+  stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
+  stack->emplace_back(std::move(result));
+  return true;
+}
+
 // The arguments of one call: where they are on the stack, and their device.
 class Call {
  public:
@@ -105,6 +181,7 @@ class Call {
         if (t.is_privateuseone()) {
           note_device(t.device());
           has_nested_ |= t.is_nested();
+          has_quantized_ |= t.is_quantized();
           const int64_t elements = t.is_nested() ? nested_buffer(t).numel() : t.numel();
           largest_operand_ = std::max(largest_operand_, elements);
         } else if (t.is_cpu() && written) {
@@ -129,10 +206,18 @@ class Call {
     return largest_operand_;
   }
 
-  // Whether a nested openreg tensor is among the arguments (after
-  // check_devices; Note [Nested tensors]).
-  bool has_nested() const {
-    return has_nested_;
+  // Whether a nested or quantized openreg tensor is among the arguments
+  // (after check_devices; Note [Nested tensors], Note [Quantized tensors]):
+  // no Meta kernel plans such a call.
+  bool has_wrapped_tensors() const {
+    return has_nested_ || has_quantized_;
+  }
+
+  // The CPU dispatch key the kernel of the call runs under: a call that
+  // reached the fallback through the QuantizedPrivateUse1 key (a quantized
+  // factory has no quantized argument) runs the QuantizedCPU kernel.
+  void run_quantized_kernel() {
+    has_quantized_ = true;
   }
 
   // What the op reads and writes of its arguments, from the schema's alias
@@ -166,12 +251,16 @@ class Call {
         if (!t.is_privateuseone()) {
           return t;
         }
-        at::Tensor view = t.is_nested() ? nested_over(cpu_view(nested_buffer(t)), t) : cpu_view(t);
+        at::Tensor view = t.is_nested()      ? nested_over(cpu_view(nested_buffer(t)), t)
+            : t.is_quantized() ? quantized_over(cpu_view(quantized_bytes(t)), t, at::get_qtensorimpl(t)->quantizer())
+                               : cpu_view(t);
         views_.emplace_back(view, t);
         return view;
       });
     }
-    const auto key = has_nested_ ? c10::DispatchKey::NestedTensorCPU : c10::DispatchKey::CPU;
+    const auto key = has_nested_  ? c10::DispatchKey::NestedTensorCPU
+        : has_quantized_          ? c10::DispatchKey::QuantizedCPU
+                                  : c10::DispatchKey::CPU;
     op.redispatchBoxed(c10::DispatchKeySet(key), &stack);
   }
 
@@ -195,6 +284,9 @@ class Call {
     }
     if (result.is_nested()) {
       return nested_to_device(result, device);
+    }
+    if (result.is_quantized()) {
+      return quantized_to_device(result, device);
     }
     TORCH_CHECK_NOT_IMPLEMENTED(
         result.layout() == c10::kStrided, "sparse layouts are not supported on openreg: ", op.operator_name(),
@@ -249,6 +341,27 @@ class Call {
     return nested_over(copy_to_device(buffer, device, op.schema().name().c_str()), result);
   }
 
+  // A quantized CPU result as the openreg tensor it stands for (Note
+  // [Quantized tensors]).
+  at::Tensor quantized_to_device(const at::Tensor& result, c10::Device device) {
+    const at::QuantizerPtr quantizer = owned_quantizer(at::get_qtensorimpl(result)->quantizer());
+    for (const auto& [view, original] : views_) {
+      if (result.unsafeGetTensorImpl() == view.unsafeGetTensorImpl()) {
+        if (original.is_quantized()) {
+          at::get_qtensorimpl(original)->set_quantizer_(quantizer); // an in-place op may requantize
+        }
+        return original;
+      }
+      if (result.storage().data() == view.storage().data() && result.storage().nbytes() > 0) {
+        const at::Tensor bytes = quantized_bytes(result);
+        return quantized_over(
+            alias_of(original, bytes.scalar_type(), bytes.sizes(), bytes.strides(), bytes.storage_offset()), result,
+            quantizer);
+      }
+    }
+    return quantized_over(copy_to_device(quantized_bytes(result), device, op.schema().name().c_str()), result, quantizer);
+  }
+
   void note_device(const c10::Device& device) {
     c10::Device indexed = device.has_index() ? device : c10::Device(device.type(), ffi::current_device());
     // The indexed tensor comes first; CUDA names indices on another device so.
@@ -265,6 +378,7 @@ class Call {
   std::optional<c10::Device> device_;
   int64_t largest_operand_ = 0;
   bool has_nested_ = false;
+  bool has_quantized_ = false;
   bool host_tensor_ = false;
   bool written_host_tensor_ = false;
   std::vector<std::pair<at::Tensor, at::Tensor>> views_; // (CPU view, openreg original)
@@ -374,8 +488,13 @@ bool queue_graph_kernel(Call& call, c10::Device device) {
   return true;
 }
 
-void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+// The fallback; `quantized_kernel`: the call came through the
+// QuantizedPrivateUse1 key (Note [Quantized tensors]).
+void run_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool quantized_kernel) {
   Call call(op, stack);
+  if (quantized_kernel) {
+    call.run_quantized_kernel();
+  }
   const c10::Device device = call.check_devices();
   c10::DeviceGuard guard(device);
   const char* name = op.schema().name().c_str();
@@ -393,7 +512,7 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return;
   }
   PlanLookup lookup =
-      call.has_nested() ? PlanLookup() : plan_results(op, call.arguments(), device, /*accept_unchecked=*/capturing);
+      call.has_wrapped_tensors() ? PlanLookup() : plan_results(op, call.arguments(), device, /*accept_unchecked=*/capturing);
   if (lookup.planned) {
     queue_with_planned_results(call, device, *lookup.planned);
     return;
@@ -410,22 +529,75 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
-// The NestedTensorPrivateUse1 kernel of every op (Note [Nested tensors]).
-// Copies and ops that make tensors on another device (a nested CPU
-// argument, a CPU `device` argument: _to_copy, copy_, empty_like) move data
-// between devices, the host's included: their CPU nested kernels do that
-// with dense ops on the buffers, which reach openreg's own copies and
-// factories, so they run as they are.
-void run_nested(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  bool crosses_devices = op.operator_name().name == "aten::copy_";
+void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_call(op, stack, /*quantized_kernel=*/false);
+}
+
+// Whether the call moves data between devices, the host's included, or
+// makes a tensor from host values: a wrapped (nested or quantized) CPU
+// tensor among its arguments, a `device` argument that is not openreg
+// (_to_copy to the host), or no openreg tensor at all (a factory such as
+// _empty_per_channel_affine_quantized, whose scales are host tensors). The
+// CPU kernels of such calls do their work with factories and dense ops on
+// the buffers, which reach openreg's own allocator and copies, so they run
+// as they are.
+bool crosses_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  bool crosses = false;
+  bool openreg_tensor = false;
+  const size_t count = op.schema().arguments().size();
+  for (size_t i = stack.size() - count; i < stack.size(); ++i) {
+    const c10::IValue& value = stack[i];
+    crosses |= value.isDevice() && !value.toDevice().is_privateuseone();
+    for_each_tensor(value, [&](const at::Tensor& t) {
+      crosses |= (t.is_nested() || t.is_quantized()) && t.is_cpu();
+      openreg_tensor |= t.is_privateuseone();
+    });
+  }
+  return crosses || !openreg_tensor;
+}
+
+// Runs the CPU kernel of `key` as it is (see crosses_devices), on the
+// openreg device the call names (a `device` argument, else its first openreg
+// tensor): a CPU kernel sets no device guard, and the allocator allocates on
+// the current device.
+void run_cpu_kernel_as_is(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey key) {
+  std::optional<c10::Device> device;
   const size_t count = op.schema().arguments().size();
   for (size_t i = stack->size() - count; i < stack->size(); ++i) {
     const c10::IValue& value = (*stack)[i];
-    crosses_devices |= value.isDevice() && !value.toDevice().is_privateuseone();
-    for_each_tensor(value, [&](const at::Tensor& t) { crosses_devices |= t.is_nested() && t.is_cpu(); });
+    if (value.isDevice() && value.toDevice().is_privateuseone()) {
+      device = value.toDevice();
+    }
+    for_each_tensor(value, [&](const at::Tensor& t) {
+      if (!device && t.is_privateuseone()) {
+        device = t.device();
+      }
+    });
   }
-  if (crosses_devices) {
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::NestedTensorCPU), stack);
+  c10::OptionalDeviceGuard guard;
+  if (device) {
+    guard.reset_device(*device);
+  }
+  op.redispatchBoxed(c10::DispatchKeySet(key), stack);
+}
+
+// The QuantizedPrivateUse1 kernel of every op (Note [Quantized tensors]).
+void run_quantized(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (copy_quantized_bytes(op, stack)) {
+    return;
+  }
+  if (crosses_devices(op, *stack)) {
+    run_cpu_kernel_as_is(op, stack, c10::DispatchKey::QuantizedCPU);
+    return;
+  }
+  run_call(op, stack, /*quantized_kernel=*/true);
+}
+
+// The NestedTensorPrivateUse1 kernel of every op (Note [Nested tensors]).
+// copy_ also runs its CPU nested kernel as it is: a copy of buffers.
+void run_nested(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (op.operator_name().name == "aten::copy_" || crosses_devices(op, *stack)) {
+    run_cpu_kernel_as_is(op, stack, c10::DispatchKey::NestedTensorCPU);
     return;
   }
   run_on_cpu_views(op, stack);
@@ -446,12 +618,21 @@ void reject_sparse(const c10::OperatorHandle& op, torch::jit::Stack*) {
       "); keep sparse tensors on the CPU or convert them with to_dense() first");
 }
 
-// A backend fallback ranks below an op's CompositeImplicitAutograd kernel,
-// which for a nested tensor would decompose into dense ops that nested
-// tensors lack (linear into matmul into sizes()): every op with a
-// NestedTensorCPU kernel gets the nested kernel by name, as CUDA has its own.
-void register_nested_fallback(torch::Library& fallback, torch::Library& nested_aten) {
-  fallback.fallback(torch::CppFunction::makeFromBoxedFunction<&run_nested>());
+namespace {
+
+// Registers `kernel` for every aten op that has a `cpu_key` kernel and none
+// for `openreg_key`, under `openreg_key`. A backend fallback ranks below an
+// op's composite kernels, which for a nested or quantized tensor would
+// decompose into dense ops those tensors lack (linear into matmul into
+// sizes(); clone into empty_strided), where CPU and CUDA have kernels of
+// their own.
+template <c10::BoxedKernel::BoxedKernelFunction* kernel>
+void register_wrapped_kernels(
+    torch::Library& fallback,
+    torch::Library& aten,
+    c10::DispatchKey cpu_key,
+    c10::DispatchKey openreg_key) {
+  fallback.fallback(torch::CppFunction::makeFromBoxedFunction<kernel>());
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const auto& op_name : dispatcher.getAllOpNames()) {
     constexpr std::string_view kAten = "aten::";
@@ -459,16 +640,27 @@ void register_nested_fallback(torch::Library& fallback, torch::Library& nested_a
       continue;
     }
     auto op = dispatcher.findOp(op_name);
-    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::NestedTensorCPU) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::NestedTensorPrivateUse1)) {
+    if (!op || !op->hasKernelForDispatchKey(cpu_key) || op->hasKernelForDispatchKey(openreg_key)) {
       continue;
     }
     std::string name = op_name.name.substr(kAten.size());
     if (!op_name.overload_name.empty()) {
       name += "." + op_name.overload_name;
     }
-    nested_aten.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_nested>());
+    aten.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<kernel>());
   }
+}
+
+} // namespace
+
+void register_nested_fallback(torch::Library& fallback, torch::Library& nested_aten) {
+  register_wrapped_kernels<&run_nested>(
+      fallback, nested_aten, c10::DispatchKey::NestedTensorCPU, c10::DispatchKey::NestedTensorPrivateUse1);
+}
+
+void register_quantized_fallback(torch::Library& fallback, torch::Library& quantized_aten) {
+  register_wrapped_kernels<&run_quantized>(
+      fallback, quantized_aten, c10::DispatchKey::QuantizedCPU, c10::DispatchKey::QuantizedPrivateUse1);
 }
 
 
