@@ -150,9 +150,11 @@ def test_legacy_profiler_with_use_device_times_ops_on_the_device():
     assert averages["aten::mm"].count >= 3
     assert averages["aten::mm"].device_time_total > 0
     # Device time is stream time: the range waited on the stream for its
-    # 30 ms kernel; the matmuls did not.
+    # 30 ms kernel; no matmul did (each is far shorter, even on a loaded
+    # machine, where the three together may pass 30 ms).
     assert averages["sleeping_range"].device_time_total >= 29_000
-    assert averages["aten::matmul"].device_time_total < 29_000
+    matmul = averages["aten::matmul"]
+    assert matmul.device_time_total / matmul.count < 29_000
 
 
 @pytest.mark.parametrize(
