@@ -1,9 +1,10 @@
 """openreg against CPU over PyTorch's own operator database (op_db).
 
-Each op runs in a forked child, so a crash or a hang is one op's counted
-failure, not the end of the sweep. For every sample of the op at a dtype, the
-op runs on CPU and on openreg and the results must be equal
-(torch.testing.assert_close defaults; shape and dtype only for random ops).
+Each op runs in a forked child (tests/parity_harness.py), so a crash or a
+hang is one op's counted failure, not the end of the sweep. For every sample
+of the op at a dtype, the op runs on CPU and on openreg and the results must
+be equal (torch.testing.assert_close defaults; shape and dtype only for
+random ops).
 With --busy, each sample on openreg runs behind a queued kernel, so the
 fallback takes its queued route (results planned by Meta kernels, Note
 [Meta results]) instead of running inline.
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 
@@ -33,6 +33,8 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
 import torch  # noqa: E402
 import torch_openreg  # noqa: E402,F401
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
+
+from parity_harness import Tally, Unsupported, in_fork  # noqa: E402
 
 DEV = "openreg"
 DTYPES = {
@@ -134,10 +136,6 @@ def compare(got, want, exact_values: bool):
         torch.testing.assert_close(got, want, equal_nan=True)
 
 
-class Unsupported(Exception):
-    """openreg raised its documented "not supported on openreg" error."""
-
-
 def moved_sample(sample, placement):
     if placement is None:
         return to_device(sample.input), to_device(sample.args), to_device(sample.kwargs)
@@ -233,42 +231,12 @@ def run_backward(op, dtype) -> None:
         return
 
 
-def in_child(op, dtype, busy: bool, backward: bool) -> str:
-    """'ok', 'unsupported: why', or what went wrong, from a forked child."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            run_op(op, dtype, busy)
-            if backward:
-                run_backward(op, dtype)
-            torch.openreg.synchronize()
-            msg = "ok"
-        except Unsupported as e:
-            msg = f"unsupported: {e}"[:300]
-        except BaseException as e:  # noqa: B902
-            msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
-        os.write(w, msg.encode())
-        os.close(w)
-        os._exit(0)
-    os.close(w)
-    deadline = time.monotonic() + OP_TIMEOUT_S
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            os.close(r)
-            return "timeout"
-        time.sleep(0.005)
-    text = os.read(r, 4096).decode()
-    os.close(r)
-    if os.WIFSIGNALED(status):
-        return f"crash: {signal.Signals(os.WTERMSIG(status)).name}"
-    return text or "no result"
+def check_op(op, dtype, busy: bool, backward: bool) -> None:
+    """The op's samples (and with `backward`, its backward sample) equal CPU's."""
+    run_op(op, dtype, busy)
+    if backward:
+        run_backward(op, dtype)
+    torch.openreg.synchronize()
 
 
 def main() -> int:
@@ -285,7 +253,7 @@ def main() -> int:
     args = parser.parse_args()
     dtypes = list(DTYPES) if args.dtypes == "all" else args.dtypes.split(",")
     wanted = set(args.ops.split(",")) if args.ops else None
-    passed = failed = unsupported = 0
+    tally = Tally(args.verbose)
     for k, name in enumerate(dtypes):
         dtype = DTYPES[name]
         ops = [
@@ -295,25 +263,15 @@ def main() -> int:
             and op.supports_dtype(dtype, "cpu")
         ]
         start = time.monotonic()
-        dtype_failed = 0
+        failed_before = tally.failed
         for op in ops:
-            outcome = in_child(op, dtype, args.busy, args.backward)
-            label = f"{name:10} {op.name}.{op.variant_test_name}"
-            if outcome == "ok":
-                passed += 1
-                if args.verbose:
-                    print(f"ok   {label}")
-            elif outcome.startswith("unsupported: "):
-                unsupported += 1
-                print(f"UNSUPPORTED {label}: {outcome[len('unsupported: '):]}")
-            else:
-                failed += 1
-                dtype_failed += 1
-                print(f"FAIL {label}: {outcome}")
+            outcome = in_fork(lambda: check_op(op, dtype, args.busy, args.backward), OP_TIMEOUT_S)
+            tally.record(f"{name:10} {op.name}.{op.variant_test_name}", outcome)
+        dtype_failed = tally.failed - failed_before
         print(f"-- {name}: {len(ops) - dtype_failed} of {len(ops)} ops clean ({time.monotonic() - start:.0f} s)")
         sys.stdout.flush()
-    print(f"{passed} passed, {failed} failed, {unsupported} unsupported on openreg")
-    return 1 if failed else 0
+    print(tally.summary())
+    return 1 if tally.failed else 0
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -213,3 +214,41 @@ def run_threads(targets, timeout: float = 30.0) -> list[BaseException]:
     alive = [t.name for t in threads if t.is_alive()]
     assert not alive, f"threads still running after {timeout}s (deadlock?): {alive}"
     return errors
+
+
+# ------------------------------------------------------------ parity sweeps
+
+
+@dataclass
+class SweepReport:
+    """What a parity sweep script (tests/opinfo_parity.py,
+    tests/module_parity.py) reported, keyed by 'DTYPE NAME'; the lines are
+    those of tests/parity_harness.py."""
+
+    passed: set[str]
+    failed: dict[str, str]
+    unsupported: dict[str, str]
+    stdout: str
+
+
+def run_sweep(script: str, *args: str, timeout: float = 1800) -> SweepReport:
+    """Runs a parity sweep script with -v and parses its report."""
+    run = subprocess.run([sys.executable, script, "-v", *args], capture_output=True, text=True, timeout=timeout)
+    summary = re.search(r"^(\d+) passed, (\d+) failed, (\d+) unsupported on openreg$", run.stdout, re.MULTILINE)
+    assert summary, run.stdout[-2000:] + run.stderr[-2000:]
+    return SweepReport(
+        passed=set(re.findall(r"^ok   (\S+\s+\S+)$", run.stdout, re.MULTILINE)),
+        failed=dict(re.findall(r"^FAIL (\S+\s+\S+): (.*)$", run.stdout, re.MULTILINE)),
+        unsupported=dict(re.findall(r"^UNSUPPORTED (\S+\s+\S+): (.*)$", run.stdout, re.MULTILINE)),
+        stdout=run.stdout,
+    )
+
+
+def check_known_failures(report: SweepReport, known_failure, what: str) -> None:
+    """Every failure is a documented one (`known_failure(label)` gives its
+    reason, None for an undocumented one) and every documented one that ran
+    still fails: a fixed one must be taken off its list."""
+    unexpected = {label: why for label, why in report.failed.items() if not known_failure(label)}
+    fixed = sorted(label for label in report.passed if known_failure(label))
+    assert not unexpected, f"{what} that differ from CPU: {unexpected}"
+    assert not fixed, f"known failures that now pass (take them off the list): {fixed}"

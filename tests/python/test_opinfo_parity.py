@@ -7,11 +7,10 @@ off the list. The full sweep is run by hand:
 python3 tests/opinfo_parity.py --dtypes all --backward (and --busy)."""
 
 import os
-import re
-import subprocess
-import sys
 
 import pytest
+
+from _openreg_util import check_known_failures, run_sweep
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "opinfo_parity.py")
 
@@ -44,21 +43,11 @@ def known_failure(label: str):
 
 
 def sweep(*args):
-    run = subprocess.run(
-        [sys.executable, SCRIPT, "-v", *args], capture_output=True, text=True, timeout=1800
-    )
-    summary = re.search(r"^(\d+) passed, (\d+) failed, (\d+) unsupported on openreg$", run.stdout, re.MULTILINE)
-    assert summary, run.stdout[-2000:] + run.stderr[-2000:]
-    failed = dict(re.findall(r"^FAIL (\S+\s+\S+): (.*)$", run.stdout, re.MULTILINE))
-    passed = set(re.findall(r"^ok   (\S+\s+\S+)$", run.stdout, re.MULTILINE))
-    unsupported = dict(re.findall(r"^UNSUPPORTED (\S+\s+\S+): (.*)$", run.stdout, re.MULTILINE))
-    unexpected = {label: why for label, why in failed.items() if not known_failure(label)}
-    fixed = sorted(label for label in passed if known_failure(label))
-    assert not unexpected, f"ops that differ from CPU: {unexpected}"
-    assert not fixed, f"known failures that now pass (take them off the list): {fixed}"
+    report = run_sweep(SCRIPT, *args)
+    check_known_failures(report, known_failure, "ops")
     # Only sparse layouts may be refused, with openreg's own message.
-    assert all("sparse layouts are not supported on openreg" in why for why in unsupported.values()), unsupported
-    assert int(summary.group(1)) > 0
+    assert all("sparse layouts are not supported on openreg" in why for why in report.unsupported.values()), report.unsupported
+    assert report.passed
 
 
 # Each sweep is a subprocess of a few minutes (more while the suite's
