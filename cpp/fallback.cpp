@@ -500,7 +500,7 @@ void run_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool quan
   const char* name = op.schema().name().c_str();
   const auto accesses = [&call] { return call.accesses(); };
   if (run_inline(device.index(), call.largest_operand(), [&] { call.run_cpu_kernel_on_views(); }, name, accesses)) {
-    if (results_depend_on_data(op)) {
+    if (ffi::stream_has_parked_failure(device.index()) && results_depend_on_data(op)) {
       // As a waited call would (Note [Sticky kernel failures] in src/stream.rs).
       checked([&] { ffi::report_stream_failure(device.index()); });
     }
@@ -518,8 +518,9 @@ void run_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool quan
     return;
   }
   // A plan's first check is the runtime's own wait, not reported (empty).
-  const std::string what = lookup.to_check
-      ? std::string()
+  const std::string what = lookup.to_check ? std::string()
+      : call.has_wrapped_tensors()
+      ? op.schema().name() + " (the host waits for its results: nested and quantized results are not planned)"
       : op.schema().name() + " (the host waits for its results: a data-dependent shape or a host value)";
   const bool warned =
       run_in_stream_order(device.index(), what, [&] { call.run_cpu_kernel_on_views(); }, name, accesses);
@@ -620,6 +621,25 @@ void reject_sparse(const c10::OperatorHandle& op, torch::jit::Stack*) {
 
 namespace {
 
+// Calls `fn(op, name)` for every aten op in the dispatcher; `name` is what
+// torch::Library::impl takes ("add.Tensor").
+template <typename Fn>
+void for_each_aten_op(Fn&& fn) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& op_name : dispatcher.getAllOpNames()) {
+    constexpr std::string_view kAten = "aten::";
+    auto op = dispatcher.findOp(op_name);
+    if (op_name.name.rfind(kAten, 0) != 0 || !op) {
+      continue;
+    }
+    std::string name = op_name.name.substr(kAten.size());
+    if (!op_name.overload_name.empty()) {
+      name += "." + op_name.overload_name;
+    }
+    fn(*op, name);
+  }
+}
+
 // Registers `kernel` for every aten op that has a `cpu_key` kernel and none
 // for `openreg_key`, under `openreg_key`. A backend fallback ranks below an
 // op's composite kernels, which for a nested or quantized tensor would
@@ -633,22 +653,11 @@ void register_wrapped_kernels(
     c10::DispatchKey cpu_key,
     c10::DispatchKey openreg_key) {
   fallback.fallback(torch::CppFunction::makeFromBoxedFunction<kernel>());
-  auto& dispatcher = c10::Dispatcher::singleton();
-  for (const auto& op_name : dispatcher.getAllOpNames()) {
-    constexpr std::string_view kAten = "aten::";
-    if (op_name.name.rfind(kAten, 0) != 0) {
-      continue;
+  for_each_aten_op([&](const c10::OperatorHandle& op, const std::string& name) {
+    if (op.hasKernelForDispatchKey(cpu_key) && !op.hasKernelForDispatchKey(openreg_key)) {
+      aten.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<kernel>());
     }
-    auto op = dispatcher.findOp(op_name);
-    if (!op || !op->hasKernelForDispatchKey(cpu_key) || op->hasKernelForDispatchKey(openreg_key)) {
-      continue;
-    }
-    std::string name = op_name.name.substr(kAten.size());
-    if (!op_name.overload_name.empty()) {
-      name += "." + op_name.overload_name;
-    }
-    aten.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<kernel>());
-  }
+  });
 }
 
 } // namespace
@@ -699,25 +708,13 @@ void register_fallback_kernels(torch::Library& aten) {
   for (const char* op : {"mse_loss", "smooth_l1_loss", "index.Tensor"}) {
     to_fallback(op);
   }
-  auto& dispatcher = c10::Dispatcher::singleton();
-  for (const auto& op_name : dispatcher.getAllOpNames()) {
-    constexpr std::string_view kAten = "aten::";
-    if (op_name.name.rfind(kAten, 0) != 0) {
-      continue;
+  for_each_aten_op([&](const c10::OperatorHandle& op, const std::string& name) {
+    if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU) && !op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) &&
+        (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))) {
+      to_fallback(name);
     }
-    auto op = dispatcher.findOp(op_name);
-    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
-        !(op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-          op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))) {
-      continue;
-    }
-    std::string name = op_name.name.substr(kAten.size());
-    if (!op_name.overload_name.empty()) {
-      name += "." + op_name.overload_name;
-    }
-    to_fallback(name);
-  }
+  });
 }
 
 } // namespace openreg

@@ -215,6 +215,9 @@ mod bridge {
         /// Reports a failed kernel of the current stream of `device` that
         /// no wait has reported yet (Note [Sticky kernel failures]).
         fn report_stream_failure(device: i8) -> Result<()>;
+        /// Whether the current stream of `device` has a failure to report;
+        /// one atomic load (false for a device that cannot be reached).
+        fn stream_has_parked_failure(device: i8) -> bool;
         /// Makes the current stream of `waiter` wait for everything queued so
         /// far on the current stream of `device`.
         fn stream_wait_stream(waiter: i8, device: i8) -> Result<()>;
@@ -629,6 +632,10 @@ fn end_inline_kernel(device: i8) {
 
 fn report_stream_failure(device: i8) -> Result<()> {
     stream::current(device.into())?.take_failure()
+}
+
+fn stream_has_parked_failure(device: i8) -> bool {
+    stream::current(device.into()).is_ok_and(|stream| stream.has_parked_failure())
 }
 
 fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMode) -> Result<()> {

@@ -64,7 +64,7 @@
 use std::collections::VecDeque;
 use std::ffi::{c_char, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -233,6 +233,9 @@ pub struct StreamQueue {
     /// when not capturing (read on every allocation without locking; Note
     /// [Graph pools] in allocator.rs).
     capture_pool: AtomicUsize,
+    /// Whether `deferred_error` holds a failure, read without locking by
+    /// every inline op that returns host data (Note [Sticky kernel failures]).
+    failure_parked: AtomicBool,
 }
 
 impl StreamQueue {
@@ -255,6 +258,7 @@ impl StreamQueue {
             progress: Condvar::new(),
             submitted: AtomicU64::new(0),
             capture_pool: AtomicUsize::new(0),
+            failure_parked: AtomicBool::new(false),
         }
     }
 
@@ -359,7 +363,7 @@ impl StreamQueue {
                     st = self.state.lock();
                     st.running = None;
                     if let Err(e) = self.flatten(outcome) {
-                        st.deferred_error.get_or_insert(e);
+                        self.park_failure(&mut st, || e);
                     }
                     if is_kernel {
                         self.maybe_inject_kernel_fault(&mut st);
@@ -420,7 +424,7 @@ impl StreamQueue {
     fn maybe_inject_kernel_fault(&self, st: &mut QueueState) {
         if crate::fault::strikes(crate::fault::Fault::Kernel) {
             let what = format!("a kernel on {self} failed");
-            st.deferred_error.get_or_insert(crate::fault::error(crate::fault::Fault::Kernel, &what));
+            self.park_failure(st, || crate::fault::error(crate::fault::Fault::Kernel, &what));
         }
     }
 
@@ -500,12 +504,28 @@ impl StreamQueue {
             }
         }
         match st.deferred_error.take() {
-            Some(e) if take_error => Err(e),
+            Some(e) if take_error => {
+                self.failure_parked.store(false, Ordering::Release);
+                Err(e)
+            }
             parked => {
                 st.deferred_error = parked;
                 Ok(())
             }
         }
+    }
+
+    /// Keeps the first failure of the stream's work for the next user wait.
+    fn park_failure(&self, st: &mut QueueState, failure: impl FnOnce() -> Error) {
+        if st.deferred_error.is_none() {
+            st.deferred_error = Some(failure());
+            self.failure_parked.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether a failure waits to be reported; no lock.
+    pub fn has_parked_failure(&self) -> bool {
+        self.failure_parked.load(Ordering::Acquire)
     }
 
     #[cold]
@@ -519,10 +539,12 @@ impl StreamQueue {
     /// Reports a parked task failure (once), as a wait the user asked for
     /// does: for a user's wait that found the stream idle and ran inline.
     pub fn take_failure(&self) -> Result<()> {
-        match self.state.lock().deferred_error.take() {
-            Some(e) => Err(e),
-            None => Ok(()),
+        if !self.has_parked_failure() {
+            return Ok(());
         }
+        let failure = self.state.lock().deferred_error.take();
+        self.failure_parked.store(false, Ordering::Release);
+        failure.map_or(Ok(()), Err)
     }
 
     #[cold]
@@ -641,8 +663,7 @@ impl StreamQueue {
             return abandoned;
         }
         st.completed += count as u64;
-        st.deferred_error
-            .get_or_insert_with(|| Error::invalid_value(format!("{self}: {count} queued kernels were abandoned {why}")));
+        self.park_failure(&mut st, || Error::invalid_value(format!("{self}: {count} queued kernels were abandoned {why}")));
         if st.completed == self.marker() {
             crate::utilization::stream_became_idle(self.device);
         }
