@@ -4,6 +4,7 @@
 
 #include <exception>
 #include <functional>
+#include <optional>
 #include <initializer_list>
 #include <vector>
 
@@ -122,14 +123,20 @@ class KernelThreads {
 // pieces) would otherwise reach the profiler as ops of their own, nested in
 // the op that launched the kernel (doubling its CPU time) or, for a queued
 // kernel, on a worker thread. CUDA's kernels make no op calls; so a kernel
-// body runs with RecordFunction callbacks off (KernelScope).
+// body runs with RecordFunction callbacks off (KernelScope) — when any are
+// registered: turning them off copies the thread's callback state, which
+// costs an inline kernel more than it runs for.
 class KernelScope {
  public:
-  KernelScope() : no_ops_inside_(false) {}
+  KernelScope() {
+    if (at::hasCallbacks()) {
+      no_ops_inside_.emplace(false);
+    }
+  }
 
  private:
   KernelThreads threads_;
-  at::RecordFunctionGuard no_ops_inside_;
+  std::optional<at::RecordFunctionGuard> no_ops_inside_;
 };
 
 // What a kernel is: its name (a string that lives for the process, like an

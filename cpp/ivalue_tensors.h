@@ -13,14 +13,14 @@ namespace openreg {
 // `Optional[Tensor]`, as in `x[mask] = v`) carries a type object of its own
 // that is equal to, not the same as, c10's.
 inline bool is_optional_tensor_list(const c10::IValue& value) {
-  if (!value.isList()) {
+  if (!value.isList() || value.isIntList()) { // int[] (sizes, dims): the common list, answered cheaply
     return false;
   }
   if (value.isOptionalTensorList()) {
     return true;
   }
   const c10::TypePtr type = value.toList().elementType();
-  return *type == *c10::getTypePtr<std::optional<at::Tensor>>();
+  return type->kind() == c10::OptionalType::Kind && *type == *c10::getTypePtr<std::optional<at::Tensor>>();
 }
 
 // Calls `fn(tensor)` for each defined tensor in `value`.
