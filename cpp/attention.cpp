@@ -19,8 +19,10 @@
 // gradient, grouped-query attention, head sizes that differ, other dtypes
 // or ranks. torch.nn.attention.sdpa_kernel choices are honoured. Called
 // directly, the overrideable op itself takes every input the math path
-// takes without dropout, and routes what the fused kernel cannot do through
-// its own math route (MathAttention below), forward and backward.
+// takes, and routes what the fused kernel cannot do (dropout included)
+// through its own math route (MathAttention below), forward and backward.
+#include <mutex>
+
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
@@ -105,7 +107,7 @@ std::optional<at::Tensor> additive_mask(const at::Tensor& mask, const at::Tensor
 }
 
 // The math route of the overrideable op, for what the fused kernel cannot
-// do without dropout: other ranks, head sizes that differ between key and
+// do: dropout, other ranks, head sizes that differ between key and
 // value, grouped-query attention (fewer key/value heads), any float dtype.
 // It computes softmax(q k^T * scale + mask) v in float (float16/bfloat16 are
 // widened, as the fused kernel accumulates), and its backward recomputes the
@@ -151,6 +153,44 @@ MathAttention math_attention(const at::Tensor& query, const at::Tensor& key, con
   return math;
 }
 
+// Dropout on the math route: the forward draws its mask from a copy of the
+// device's default generator and returns the copy's state before the draw
+// in the philox_seed output; the backward draws the same mask again from a
+// generator set to that state. The default generator then moves past the
+// draw, so the next call draws another mask (when another thread drew from
+// it in between, by a draw of the same size of its own).
+at::Generator generator_copy(c10::Device device, const at::Tensor& state = at::Tensor()) {
+  at::Generator device_generator = at::globalContext().defaultGenerator(device);
+  at::Generator copy;
+  {
+    std::lock_guard<std::mutex> lock(device_generator.mutex());
+    copy = device_generator.clone();
+  }
+  if (state.defined()) {
+    copy.set_state(state);
+  }
+  return copy;
+}
+
+// The scaled keep-mask of one dropout draw from `generator`: 1 / (1 - p) where kept, 0 elsewhere.
+at::Tensor dropout_keep_scale(const at::Tensor& like, double dropout_p, const at::Generator& generator) {
+  return at::empty_like(like).bernoulli_(1.0 - dropout_p, generator) / (1.0 - dropout_p);
+}
+
+// Moves the device's default generator past a draw its copy made from `before`.
+void advance_past(c10::Device device, const at::Tensor& before, const at::Generator& copy, const at::Tensor& like,
+                  double dropout_p) {
+  at::Generator device_generator = at::globalContext().defaultGenerator(device);
+  {
+    std::lock_guard<std::mutex> lock(device_generator.mutex());
+    if (at::equal(device_generator.get_state(), before)) {
+      device_generator.set_state(copy.get_state());
+      return;
+    }
+  }
+  dropout_keep_scale(like, dropout_p, device_generator);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor, at::Tensor, at::Tensor>
 fused_attention(
     const at::Tensor& query,
@@ -161,33 +201,41 @@ fused_attention(
     bool is_causal,
     bool return_debug_mask,
     std::optional<double> scale) {
-  TORCH_CHECK(
-      dropout_p == 0.0,
-      "_scaled_dot_product_fused_attention_overrideable on openreg: no dropout (dropout_p ", dropout_p,
-      "); torch._fused_sdp_choice chooses the math path, which draws its mask from the device generator");
+  TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0,
+              "_scaled_dot_product_fused_attention_overrideable on openreg: dropout_p must be in [0, 1), got ",
+              dropout_p);
   TORCH_CHECK(!return_debug_mask, "_scaled_dot_product_fused_attention_overrideable on openreg: no debug mask");
   at::Tensor output, logsumexp;
+  // No random state without dropout: the output that carries it is empty,
+  // as in the Meta kernel.
+  at::Tensor random_state = at::empty({}, query.options().dtype(at::kLong));
   if (fused_kernel_can_run(query, key, value, attn_bias, dropout_p, false)) {
     auto mask = attn_bias.has_value() ? additive_mask(*attn_bias, query) : std::nullopt;
     std::tie(output, logsumexp) =
         at::_scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, mask, scale);
   } else {
     MathAttention math = math_attention(query, key, value, attn_bias.value_or(at::Tensor()), is_causal, scale);
-    output = at::matmul(math.probabilities, math.value).to(query.scalar_type());
+    at::Tensor probabilities = math.probabilities;
+    if (dropout_p > 0.0) {
+      at::Generator copy = generator_copy(query.device());
+      random_state = copy.get_state();
+      probabilities = probabilities * dropout_keep_scale(probabilities, dropout_p, copy);
+      advance_past(query.device(), random_state, copy, probabilities, dropout_p);
+    }
+    output = at::matmul(probabilities, math.value).to(query.scalar_type());
     logsumexp = at::logsumexp(math.scores, -1).to(at::kFloat);
   }
-  // No variable-length batches, no random state (no dropout), no debug
-  // mask: the outputs that carry them are empty, as in the Meta kernel.
-  auto no_random_state = at::empty({}, query.options().dtype(at::kLong));
+  // No variable-length batches and no debug mask: the outputs that carry
+  // them are empty, as in the Meta kernel.
   return {
       output,
       logsumexp,
       at::Tensor(),
       at::Tensor(),
-      c10::SymInt(query.size(2)),
-      c10::SymInt(key.size(2)),
-      no_random_state,
-      no_random_state.clone(),
+      c10::SymInt(query.size(-2)),
+      c10::SymInt(key.size(-2)),
+      random_state,
+      at::empty({}, query.options().dtype(at::kLong)),
       at::Tensor()};
 }
 
@@ -209,6 +257,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backw
     const at::Tensor& philox_seed,
     const at::Tensor& philox_offset,
     std::optional<double> scale) {
+  if (!grad_out.defined()) {
+    return {}; // nothing flows back
+  }
   TORCH_CHECK(
       !grad_input_mask[3] || !attn_bias.defined(),
       "_scaled_dot_product_fused_attention_overrideable_backward on openreg: no gradient for attn_bias "
@@ -218,14 +269,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backw
         grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, additive_mask(attn_bias, query), scale);
     return {grad_query, grad_key, grad_value, at::Tensor()};
   }
-  // The math route: with P = softmax(S), S = q k^T * scale + mask, O = P v:
-  // dV = P^T dO, dS = P * (dO v^T - rowsum(dO v^T * P)), dQ = dS k * scale,
-  // dK = dS^T q * scale; repeated key/value heads sum their gradients back.
+  // The math route: with P = softmax(S), S = q k^T * scale + mask, D the
+  // scaled dropout mask (1 without dropout), O = (P * D) v:
+  // dV = (P * D)^T dO, dP = (dO v^T) * D, dS = P * (dP - rowsum(dP * P)),
+  // dQ = dS k * scale, dK = dS^T q * scale; repeated key/value heads sum
+  // their gradients back.
   MathAttention math = math_attention(query, key, value, attn_bias, is_causal, scale);
   const at::Tensor dout = widened(grad_out);
   const at::Tensor& p = math.probabilities;
-  at::Tensor grad_value = at::matmul(p.transpose(-2, -1), dout);
-  const at::Tensor dp = at::matmul(dout, math.value.transpose(-2, -1));
+  const at::Tensor keep_scale = dropout_p > 0.0
+      ? dropout_keep_scale(p, dropout_p, generator_copy(query.device(), philox_seed))
+      : at::Tensor();
+  at::Tensor grad_value = at::matmul((keep_scale.defined() ? p * keep_scale : p).transpose(-2, -1), dout);
+  at::Tensor dp = at::matmul(dout, math.value.transpose(-2, -1));
+  if (keep_scale.defined()) {
+    dp = dp * keep_scale;
+  }
   const at::Tensor ds = p * (dp - (dp * p).sum(-1, /*keepdim=*/true));
   at::Tensor grad_query = at::matmul(ds, math.key) * math.scale;
   at::Tensor grad_key = at::matmul(ds.transpose(-2, -1), widened(query)) * math.scale;

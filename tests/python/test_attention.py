@@ -177,7 +177,24 @@ def test_overrideable_op_takes_what_the_math_path_takes(shapes, dtype, is_causal
         torch.testing.assert_close(leaf.grad.cpu().double(), ref.grad, **tol)
 
 
-def test_overrideable_op_refuses_dropout_by_name():
-    q = torch.randn(2, 2, 8, 16, device="openreg")
-    with pytest.raises(RuntimeError, match="no dropout"):
-        torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q, q, q, dropout_p=0.1)
+def test_overrideable_op_with_dropout_reproduces_its_mask_in_backward():
+    """Dropout takes the math route: the backward redraws the forward's mask
+    from the generator state the forward returned (gradcheck reseeds, so
+    every evaluation draws the same mask); the default generator moves on."""
+    op = torch.ops.aten._scaled_dot_product_fused_attention_overrideable
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4, 3, dtype=torch.float64, device="openreg", requires_grad=True) for _ in range(3))
+
+    def attend(q, k, v):
+        torch.openreg.manual_seed(5)
+        return op(q, k, v, dropout_p=0.4)[0]
+
+    assert torch.autograd.gradcheck(attend, (q, k, v))
+    torch.openreg.manual_seed(5)
+    first = op(q, k, v, dropout_p=0.4)[0]
+    second = op(q, k, v, dropout_p=0.4)[0]
+    assert not torch.equal(first.detach().cpu(), second.detach().cpu())
+    undropped = op(q, k, v)[0]
+    assert not torch.equal(first.detach().cpu(), undropped.detach().cpu())
+    with pytest.raises(RuntimeError, match=r"dropout_p must be in \[0, 1\)"):
+        op(q, k, v, dropout_p=1.0)
