@@ -98,8 +98,17 @@ void launch_on(
 // ---------------------------------------------------------------------------
 // Fused LSTM and GRU cells (CUDA: aten/src/ATen/native/cuda/RNN.cu).
 
-void check_cell_gates(const char* op, const at::Tensor& input_gates, const at::Tensor& hidden_gates,
-                      const at::Tensor& state, int64_t gates) {
+// A fused cell's biases (both or neither), after checking the call's
+// shapes (gates of (batch, `gates` * hidden), a state of (batch, hidden))
+// and devices.
+std::pair<at::Tensor, at::Tensor> checked_cell_biases(
+    const char* op,
+    const at::Tensor& input_gates,
+    const at::Tensor& hidden_gates,
+    const at::Tensor& state,
+    int64_t gates,
+    const std::optional<at::Tensor>& input_bias_opt,
+    const std::optional<at::Tensor>& hidden_bias_opt) {
   TORCH_CHECK(input_gates.dim() == 2 && input_gates.sizes() == hidden_gates.sizes(), op,
               ": input_gates and hidden_gates must be 2-D of the same size, got ", input_gates.sizes(), " and ",
               hidden_gates.sizes());
@@ -107,6 +116,11 @@ void check_cell_gates(const char* op, const at::Tensor& input_gates, const at::T
                   state.size(1) * gates == input_gates.size(1),
               op, ": the state must be (batch, hidden) for gates of (batch, ", gates, " * hidden), got ",
               state.sizes(), " for ", input_gates.sizes());
+  at::Tensor input_bias = optional_tensor(input_bias_opt);
+  at::Tensor hidden_bias = optional_tensor(hidden_bias_opt);
+  TORCH_CHECK(input_bias.defined() == hidden_bias.defined(), op, ": give both biases or neither");
+  check_same_device(op, input_gates, {hidden_gates, state, input_bias, hidden_bias});
+  return {input_bias, hidden_bias};
 }
 
 // gates = input_gates + hidden_gates (+ input_bias + hidden_bias).
@@ -125,11 +139,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell(
     const at::Tensor& cx,
     const std::optional<at::Tensor>& input_bias_opt,
     const std::optional<at::Tensor>& hidden_bias_opt) {
-  const at::Tensor input_bias = optional_tensor(input_bias_opt);
-  const at::Tensor hidden_bias = optional_tensor(hidden_bias_opt);
-  check_cell_gates("_thnn_fused_lstm_cell", input_gates, hidden_gates, cx, 4);
-  TORCH_CHECK(input_bias.defined() == hidden_bias.defined(), "_thnn_fused_lstm_cell: give both biases or neither");
-  check_same_device("_thnn_fused_lstm_cell", input_gates, {hidden_gates, cx, input_bias, hidden_bias});
+  const auto [input_bias, hidden_bias] = checked_cell_biases(
+      "_thnn_fused_lstm_cell", input_gates, hidden_gates, cx, 4, input_bias_opt, hidden_bias_opt);
   c10::DeviceGuard guard(input_gates.device());
   at::Tensor hy = at::empty_like(cx, at::MemoryFormat::Contiguous);
   at::Tensor cy = at::empty_like(cx, at::MemoryFormat::Contiguous);
@@ -201,11 +212,8 @@ std::tuple<at::Tensor, at::Tensor> fused_gru_cell(
     const at::Tensor& hx,
     const std::optional<at::Tensor>& input_bias_opt,
     const std::optional<at::Tensor>& hidden_bias_opt) {
-  const at::Tensor input_bias = optional_tensor(input_bias_opt);
-  const at::Tensor hidden_bias = optional_tensor(hidden_bias_opt);
-  check_cell_gates("_thnn_fused_gru_cell", input_gates, hidden_gates, hx, 3);
-  TORCH_CHECK(input_bias.defined() == hidden_bias.defined(), "_thnn_fused_gru_cell: give both biases or neither");
-  check_same_device("_thnn_fused_gru_cell", input_gates, {hidden_gates, hx, input_bias, hidden_bias});
+  const auto [input_bias, hidden_bias] = checked_cell_biases(
+      "_thnn_fused_gru_cell", input_gates, hidden_gates, hx, 3, input_bias_opt, hidden_bias_opt);
   c10::DeviceGuard guard(input_gates.device());
   at::Tensor hy = at::empty_like(hx, at::MemoryFormat::Contiguous);
   at::Tensor workspace = at::empty({hx.size(0), hx.size(1) * 5}, hx.options());

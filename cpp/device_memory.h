@@ -4,8 +4,8 @@
 
 #include <exception>
 #include <functional>
-#include <optional>
 #include <initializer_list>
+#include <optional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>

@@ -73,16 +73,16 @@ use parking_lot::{Condvar, Mutex};
 use std::cell::Cell;
 
 use crate::device::DeviceIndex;
+use crate::error::{Error, ErrorKind, Result};
+use crate::event::Event;
+use crate::graph::Capture;
+use crate::options::{self, MAX_DEVICES};
 
 thread_local! {
     /// The stream whose work this thread runs, as an address (0: none).
     /// Note [Waiting from inside a kernel].
     static RUNNING_STREAM: Cell<usize> = const { Cell::new(0) };
 }
-use crate::error::{Error, ErrorKind, Result};
-use crate::event::Event;
-use crate::graph::Capture;
-use crate::options::{self, MAX_DEVICES};
 
 pub type StreamId = i64;
 
@@ -503,16 +503,17 @@ impl StreamQueue {
                 }
             }
         }
-        match st.deferred_error.take() {
-            Some(e) if take_error => {
-                self.failure_parked.store(false, Ordering::Release);
-                Err(e)
-            }
-            parked => {
-                st.deferred_error = parked;
-                Ok(())
-            }
+        match take_error.then(|| self.take_parked(&mut st)).flatten() {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
+    }
+
+    /// Takes the parked failure, if any, to report it (under the lock, so a
+    /// failure parked meanwhile keeps its flag).
+    fn take_parked(&self, st: &mut QueueState) -> Option<Error> {
+        self.failure_parked.store(false, Ordering::Release);
+        st.deferred_error.take()
     }
 
     /// Keeps the first failure of the stream's work for the next user wait.
@@ -542,8 +543,7 @@ impl StreamQueue {
         if !self.has_parked_failure() {
             return Ok(());
         }
-        let failure = self.state.lock().deferred_error.take();
-        self.failure_parked.store(false, Ordering::Release);
+        let failure = self.take_parked(&mut self.state.lock());
         failure.map_or(Ok(()), Err)
     }
 
