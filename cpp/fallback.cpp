@@ -54,8 +54,8 @@
 // same quantizer, the CPU quantized kernel runs (quantize, dequantize,
 // int_repr, views such as flatten and flip, q_scale...), and a quantized
 // result comes back over the argument's memory or with its bytes copied to
-// the device. A copy between quantized tensors on different devices copies
-// their bytes (_copy_from, as the dense copy does). Also routes 1 and 3.
+// the device. A copy between quantized tensors copies their bytes with the
+// dense copy (_copy_from, which the CPU lacks). Also routes 1 and 3.
 #include <ATen/ATen.h>
 #include <ATen/NestedTensorImpl.h>
 #include <ATen/quantized/QTensorImpl.h>
@@ -84,6 +84,12 @@ bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && a.strides() == b.strides() && a.storage_offset() == b.storage_offset();
 }
 
+// The arguments of a boxed call on `stack`.
+c10::ArrayRef<c10::IValue> arguments_of(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const size_t count = op.schema().arguments().size();
+  return c10::ArrayRef<c10::IValue>(stack.data() + stack.size() - count, count);
+}
+
 // The whole storage of a nested tensor, as a 1-D dense tensor of its dtype.
 at::Tensor nested_buffer(const at::Tensor& nested) {
   return at::native::get_nested_tensor_impl(nested)->get_unsafe_storage_as_tensor();
@@ -107,7 +113,8 @@ at::Tensor quantized_bytes(const at::Tensor& q) {
 }
 
 // `quantizer` with tensors of its own (a CPU kernel's per-channel quantizer
-// may hold CPU views of device memory, which do not keep it alive).
+// may hold CPU views of device memory, which do not keep it alive). Reads
+// those views: call it in a kernel body, where device memory is accessible.
 at::QuantizerPtr owned_quantizer(const at::QuantizerPtr& quantizer) {
   if (quantizer->qscheme() != c10::kPerChannelAffine && quantizer->qscheme() != c10::kPerChannelAffineFloatQParams) {
     return quantizer;
@@ -137,11 +144,9 @@ bool copy_quantized_bytes(const c10::OperatorHandle& op, torch::jit::Stack* stac
   if (!copy_from && name != "aten::copy_") {
     return false;
   }
-  const size_t first = stack->size() - op.schema().arguments().size();
-  const at::Tensor& a = (*stack)[first].toTensor();
-  const at::Tensor& b = (*stack)[first + 1].toTensor();
-  const at::Tensor& src = copy_from ? a : b;
-  const at::Tensor& dst = copy_from ? b : a;
+  const c10::ArrayRef<c10::IValue> arguments = arguments_of(op, *stack);
+  const at::Tensor& src = arguments[copy_from ? 0 : 1].toTensor();
+  const at::Tensor& dst = arguments[copy_from ? 1 : 0].toTensor();
   if (!src.is_quantized() || !dst.is_quantized()) {
     return false;
   }
@@ -149,11 +154,11 @@ bool copy_quantized_bytes(const c10::OperatorHandle& op, torch::jit::Stack* stac
               src.scalar_type(), " and ", dst.scalar_type());
   TORCH_CHECK(src.sizes() == dst.sizes(), "Quantized copy only works with tensors of the same shape, got ",
               src.sizes(), " and ", dst.sizes());
-  const bool non_blocking = (*stack)[first + 2].toBool();
-  at::get_qtensorimpl(dst)->set_quantizer_(owned_quantizer(at::get_qtensorimpl(src)->quantizer()));
+  const bool non_blocking = arguments[2].toBool();
+  at::get_qtensorimpl(dst)->set_quantizer_(at::get_qtensorimpl(src)->quantizer());
   quantized_bytes(dst).copy_(quantized_bytes(src), non_blocking);
   at::Tensor result = dst;
-  stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
+  torch::jit::drop(*stack, arguments.size());
   stack->emplace_back(std::move(result));
   return true;
 }
@@ -262,6 +267,15 @@ class Call {
         : has_quantized_          ? c10::DispatchKey::QuantizedCPU
                                   : c10::DispatchKey::CPU;
     op.redispatchBoxed(c10::DispatchKeySet(key), &stack);
+    // Still in the kernel body: quantized results take quantizers of their
+    // own while the scales they may view are accessible.
+    for (size_t i = stack.size() - num_returns; i < stack.size(); ++i) {
+      for_each_tensor(stack[i], [](const at::Tensor& t) {
+        if (t.is_quantized()) {
+          at::get_qtensorimpl(t)->set_quantizer_(owned_quantizer(at::get_qtensorimpl(t)->quantizer()));
+        }
+      });
+    }
   }
 
   // Routes 1 and 3, after the kernel: each host result becomes the openreg
@@ -328,7 +342,6 @@ class Call {
   // A nested CPU result as the openreg tensor it stands for (Note [Nested
   // tensors]).
   at::Tensor nested_to_device(const at::Tensor& result, c10::Device device) {
-    const at::Tensor buffer = nested_buffer(result);
     for (const auto& [view, original] : views_) {
       if (result.unsafeGetTensorImpl() == view.unsafeGetTensorImpl()) {
         return original; // an in-place op
@@ -338,13 +351,13 @@ class Call {
         return nested_over(alias_of(original, result.scalar_type(), {elements}, {1}, 0), result);
       }
     }
-    return nested_over(copy_to_device(buffer, device, op.schema().name().c_str()), result);
+    return nested_over(copy_to_device(nested_buffer(result), device, op.schema().name().c_str()), result);
   }
 
   // A quantized CPU result as the openreg tensor it stands for (Note
   // [Quantized tensors]).
   at::Tensor quantized_to_device(const at::Tensor& result, c10::Device device) {
-    const at::QuantizerPtr quantizer = owned_quantizer(at::get_qtensorimpl(result)->quantizer());
+    const at::QuantizerPtr quantizer = at::get_qtensorimpl(result)->quantizer(); // owned (run_cpu_kernel_on_views)
     for (const auto& [view, original] : views_) {
       if (result.unsafeGetTensorImpl() == view.unsafeGetTensorImpl()) {
         if (original.is_quantized()) {
@@ -536,25 +549,32 @@ void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 // Whether the call moves data between devices, the host's included, or
 // makes a tensor from host values: a wrapped (nested or quantized) CPU
-// tensor among its arguments, a `device` argument that is not openreg
-// (_to_copy to the host), or no openreg tensor at all (a factory such as
-// _empty_per_channel_affine_quantized, whose scales are host tensors). The
-// CPU kernels of such calls do their work with factories and dense ops on
-// the buffers, which reach openreg's own allocator and copies, so they run
-// as they are.
+// tensor among its arguments, a `device` argument other than its openreg
+// tensors' device (_to_copy to the host or to another openreg device, which
+// makes the result with empty_quantized on that device), or no openreg
+// tensor at all (a factory such as _empty_per_channel_affine_quantized,
+// whose scales are host tensors). The CPU kernels of such calls do their
+// work with factories and dense ops on the buffers, which reach openreg's
+// own allocator and copies, so they run as they are.
 bool crosses_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  bool crosses = false;
-  bool openreg_tensor = false;
-  const size_t count = op.schema().arguments().size();
-  for (size_t i = stack.size() - count; i < stack.size(); ++i) {
-    const c10::IValue& value = stack[i];
-    crosses |= value.isDevice() && !value.toDevice().is_privateuseone();
+  bool host_wrapped = false;
+  std::optional<c10::Device> tensor_device;
+  std::optional<c10::Device> device_argument;
+  for (const c10::IValue& value : arguments_of(op, stack)) {
+    if (value.isDevice()) {
+      const c10::Device device = value.toDevice();
+      device_argument = device.is_privateuseone() && !device.has_index()
+          ? c10::Device(c10::kPrivateUse1, ffi::current_device())
+          : device;
+    }
     for_each_tensor(value, [&](const at::Tensor& t) {
-      crosses |= (t.is_nested() || t.is_quantized()) && t.is_cpu();
-      openreg_tensor |= t.is_privateuseone();
+      host_wrapped |= (t.is_nested() || t.is_quantized()) && t.is_cpu();
+      if (!tensor_device && t.is_privateuseone()) {
+        tensor_device = t.device();
+      }
     });
   }
-  return crosses || !openreg_tensor;
+  return host_wrapped || !tensor_device || (device_argument && *device_argument != *tensor_device);
 }
 
 // Runs the CPU kernel of `key` as it is (see crosses_devices), on the
@@ -563,9 +583,7 @@ bool crosses_devices(const c10::OperatorHandle& op, const torch::jit::Stack& sta
 // the current device.
 void run_cpu_kernel_as_is(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKey key) {
   std::optional<c10::Device> device;
-  const size_t count = op.schema().arguments().size();
-  for (size_t i = stack->size() - count; i < stack->size(); ++i) {
-    const c10::IValue& value = (*stack)[i];
+  for (const c10::IValue& value : arguments_of(op, *stack)) {
     if (value.isDevice() && value.toDevice().is_privateuseone()) {
       device = value.toDevice();
     }
@@ -671,7 +689,6 @@ void register_quantized_fallback(torch::Library& fallback, torch::Library& quant
   register_wrapped_kernels<&run_quantized>(
       fallback, quantized_aten, c10::DispatchKey::QuantizedCPU, c10::DispatchKey::QuantizedPrivateUse1);
 }
-
 
 void register_sparse_rejection(torch::Library& library) {
   library.fallback(torch::CppFunction::makeFromBoxedFunction<&reject_sparse>());

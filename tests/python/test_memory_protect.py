@@ -164,6 +164,37 @@ def test_set_that_grows_the_storage_works_under_protection():
     assert data["head"] == [1.0] * 5
 
 
+# Quantized and nested tensors go through the fallback's wrapped-tensor
+# paths (Note [Quantized tensors], Note [Nested tensors]): a per-channel
+# quantizer made from device scales, and copies between devices, must read
+# device memory only inside kernels.
+PROTECT_WRAPPED_TENSORS = script(
+    "memory_protect_wrapped_tensors",
+    """
+import warnings
+import torch, torch_openreg
+warnings.simplefilter("ignore")
+x = torch.arange(24.0, device="openreg").reshape(4, 6) / 10
+scales = torch.linspace(0.05, 0.2, 4, dtype=torch.float64, device="openreg")
+q = torch.quantize_per_channel(x, scales, torch.arange(4, device="openreg"), 0, torch.quint8)
+RESULT["scales"] = q.q_per_channel_scales().cpu().tolist()
+RESULT["moved"] = q.to("openreg:1").cpu().int_repr().tolist() == q.cpu().int_repr().tolist()
+nt = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], device="openreg")
+RESULT["nested"] = (nt.to("openreg:1") + 1).to_padded_tensor(0.0).sum().item()
+done(RESULT)
+""",
+    env=PROTECT,
+)
+
+
+@pytest.mark.subprocess
+def test_quantized_and_nested_tensors_work_under_protection():
+    data = PROTECT_WRAPPED_TENSORS.result().check_ok()
+    assert data["scales"] == torch.linspace(0.05, 0.2, 4, dtype=torch.float64).tolist()
+    assert data["moved"] is True
+    assert data["nested"] == 2.0 * 18
+
+
 def test_without_protection_host_reads_of_device_memory_work():
     """The control: in this (unprotected) process the same read succeeds, so
     the crashes above come from the protection."""

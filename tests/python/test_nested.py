@@ -70,6 +70,13 @@ def test_copies_between_host_and_device_keep_the_structure():
     torch.testing.assert_close(_dense(target), _dense(host * 2))
 
 
+def test_copies_between_openreg_devices():
+    nt = _nested("openreg:0")
+    moved = nt.to("openreg:1")
+    assert moved.is_nested and moved.device == torch.device("openreg:1")
+    torch.testing.assert_close(_dense(moved), _dense(nt))
+
+
 def test_nested_autograd_as_on_cpu():
     def grads(device):
         torch.manual_seed(1)

@@ -87,3 +87,11 @@ def test_copies_between_host_and_device():
     assert back.is_quantized and back.device.type == "cpu" and back.qscheme() == torch.per_channel_affine
     torch.testing.assert_close(_plain(back), _plain(host))
     torch.testing.assert_close(_plain(dev), _plain(host))
+
+
+@pytest.mark.parametrize("make", [_per_tensor, _per_channel])
+def test_copies_between_openreg_devices(make):
+    q = make("openreg:0")
+    moved = q.to("openreg:1")
+    assert moved.is_quantized and moved.device == torch.device("openreg:1") and moved.qscheme() == q.qscheme()
+    torch.testing.assert_close(_plain(moved), _plain(q))
