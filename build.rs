@@ -62,6 +62,7 @@ fn main() {
         "cpp/device_memory.cpp",
         "cpp/ops.cpp",
         "cpp/fallback.cpp",
+        "cpp/dtype_policy.cpp",
         "cpp/meta_results.cpp",
         "cpp/convolution.cpp",
         "cpp/elementwise.cpp",
@@ -103,7 +104,7 @@ fn main() {
     // inside the library (no PLT hop) — they are on the device-guard hot path.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
 
-    for path in sources.iter().chain(&["cpp/shim.h", "cpp/checked.h", "cpp/backend.h", "cpp/device_memory.h", "cpp/meta_results.h", "cpp/ivalue_tensors.h", "cpp/generator.h", "cpp/graph_kernels.h", "cpp/memory_generation.h", "cpp/current_device.h", "src/ffi.rs"]) {
+    for path in sources.iter().chain(&["cpp/shim.h", "cpp/checked.h", "cpp/backend.h", "cpp/device_memory.h", "cpp/meta_results.h", "cpp/dtype_policy.h", "cpp/dtype_table.h", "cpp/ivalue_tensors.h", "cpp/generator.h", "cpp/graph_kernels.h", "cpp/memory_generation.h", "cpp/current_device.h", "src/ffi.rs"]) {
         println!("cargo:rerun-if-changed={path}");
     }
     for var in ["OPENREG_TORCH_DIR", "OPENREG_TORCH_CXX11_ABI", "PYTHON"] {

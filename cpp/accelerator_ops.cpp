@@ -50,6 +50,7 @@
 #include <torch/library.h>
 
 #include "torch_openreg/cpp/device_memory.h"
+#include "torch_openreg/cpp/dtype_policy.h"
 
 namespace openreg {
 namespace {
@@ -548,28 +549,28 @@ at::Tensor batch_norm_backward_elemt(
 
 } // namespace
 
-void register_accelerator_ops(torch::Library& aten) {
-  aten.impl("_thnn_fused_lstm_cell", TORCH_FN(fused_lstm_cell));
-  aten.impl("_thnn_fused_lstm_cell_backward_impl", TORCH_FN(fused_lstm_cell_backward));
-  aten.impl("_thnn_fused_gru_cell", TORCH_FN(fused_gru_cell));
-  aten.impl("_thnn_fused_gru_cell_backward", TORCH_FN(fused_gru_cell_backward));
-  aten.impl("_fused_dropout", TORCH_FN(fused_dropout));
-  aten.impl("_masked_scale", TORCH_FN(masked_scale));
-  aten.impl("mm.dtype", TORCH_FN(mm_dtype));
-  aten.impl("mm.dtype_out", TORCH_FN(mm_dtype_out));
-  aten.impl("bmm.dtype", TORCH_FN(bmm_dtype));
-  aten.impl("bmm.dtype_out", TORCH_FN(bmm_dtype_out));
-  aten.impl("addmm.dtype", TORCH_FN(addmm_dtype));
-  aten.impl("addmm.dtype_out", TORCH_FN(addmm_dtype_out));
-  aten.impl("baddbmm.dtype", TORCH_FN(baddbmm_dtype));
-  aten.impl("baddbmm.dtype_out", TORCH_FN(baddbmm_dtype_out));
-  aten.impl("batch_norm_stats", TORCH_FN(batch_norm_stats));
-  aten.impl("batch_norm_elemt", TORCH_FN(batch_norm_elemt));
-  aten.impl("batch_norm_elemt.out", TORCH_FN(batch_norm_elemt_out));
-  aten.impl("batch_norm_gather_stats", TORCH_FN(batch_norm_gather_stats));
-  aten.impl("batch_norm_gather_stats_with_counts", TORCH_FN(batch_norm_gather_stats_with_counts));
-  aten.impl("batch_norm_backward_reduce", TORCH_FN(batch_norm_backward_reduce));
-  aten.impl("batch_norm_backward_elemt", TORCH_FN(batch_norm_backward_elemt));
+void register_accelerator_ops(KernelRegistrar& kernels) {
+  kernels.impl("_thnn_fused_lstm_cell", TORCH_FN(fused_lstm_cell));
+  kernels.impl("_thnn_fused_lstm_cell_backward_impl", TORCH_FN(fused_lstm_cell_backward));
+  kernels.impl("_thnn_fused_gru_cell", TORCH_FN(fused_gru_cell));
+  kernels.impl("_thnn_fused_gru_cell_backward", TORCH_FN(fused_gru_cell_backward));
+  kernels.impl("_fused_dropout", TORCH_FN(fused_dropout));
+  kernels.impl("_masked_scale", TORCH_FN(masked_scale));
+  kernels.impl("mm.dtype", TORCH_FN(mm_dtype));
+  kernels.impl("mm.dtype_out", TORCH_FN(mm_dtype_out));
+  kernels.impl("bmm.dtype", TORCH_FN(bmm_dtype));
+  kernels.impl("bmm.dtype_out", TORCH_FN(bmm_dtype_out));
+  kernels.impl("addmm.dtype", TORCH_FN(addmm_dtype));
+  kernels.impl("addmm.dtype_out", TORCH_FN(addmm_dtype_out));
+  kernels.impl("baddbmm.dtype", TORCH_FN(baddbmm_dtype));
+  kernels.impl("baddbmm.dtype_out", TORCH_FN(baddbmm_dtype_out));
+  kernels.impl("batch_norm_stats", TORCH_FN(batch_norm_stats));
+  kernels.impl("batch_norm_elemt", TORCH_FN(batch_norm_elemt));
+  kernels.impl("batch_norm_elemt.out", TORCH_FN(batch_norm_elemt_out));
+  kernels.impl("batch_norm_gather_stats", TORCH_FN(batch_norm_gather_stats));
+  kernels.impl("batch_norm_gather_stats_with_counts", TORCH_FN(batch_norm_gather_stats_with_counts));
+  kernels.impl("batch_norm_backward_reduce", TORCH_FN(batch_norm_backward_reduce));
+  kernels.impl("batch_norm_backward_elemt", TORCH_FN(batch_norm_backward_elemt));
 }
 
 } // namespace openreg

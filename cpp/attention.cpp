@@ -29,6 +29,8 @@
 #include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
 
+#include "torch_openreg/cpp/dtype_policy.h"
+
 namespace openreg {
 namespace {
 
@@ -302,12 +304,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backw
 
 } // namespace
 
-void register_attention(torch::Library& aten) {
+void register_attention(KernelRegistrar& kernels) {
   // scaled_dot_product_attention asks the dispatch stub, torch._fused_sdp_choice the op.
   at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(&fused_sdp_choice);
-  aten.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice));
-  aten.impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(fused_attention));
-  aten.impl("_scaled_dot_product_fused_attention_overrideable_backward", TORCH_FN(fused_attention_backward));
+  kernels.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice));
+  kernels.impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(fused_attention));
+  kernels.impl("_scaled_dot_product_fused_attention_overrideable_backward", TORCH_FN(fused_attention_backward));
 }
 
 } // namespace openreg

@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include "torch_openreg/cpp/device_memory.h"
+#include "torch_openreg/cpp/dtype_policy.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 namespace openreg {
@@ -107,9 +108,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
 
 } // namespace
 
-void register_convolution(torch::Library& aten) {
-  aten.impl("convolution_overrideable", TORCH_FN(convolution));
-  aten.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward));
+void register_convolution(KernelRegistrar& kernels) {
+  kernels.impl("convolution_overrideable", TORCH_FN(convolution));
+  kernels.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward));
 }
 
 } // namespace openreg

@@ -16,6 +16,7 @@
 #include <torch/library.h>
 
 #include "torch_openreg/cpp/device_memory.h"
+#include "torch_openreg/cpp/dtype_policy.h"
 #include "torch_openreg/cpp/graph_kernels.h"
 
 namespace openreg {
@@ -114,11 +115,11 @@ at::Tensor div(const at::Tensor& self, const at::Tensor& other) {
 
 } // namespace
 
-void register_elementwise(torch::Library& aten) {
-  aten.impl("add.Tensor", TORCH_FN(add));
-  aten.impl("sub.Tensor", TORCH_FN(sub));
-  aten.impl("mul.Tensor", TORCH_FN(mul));
-  aten.impl("div.Tensor", TORCH_FN(div));
+void register_elementwise(KernelRegistrar& kernels) {
+  kernels.impl("add.Tensor", TORCH_FN(add));
+  kernels.impl("sub.Tensor", TORCH_FN(sub));
+  kernels.impl("mul.Tensor", TORCH_FN(mul));
+  kernels.impl("div.Tensor", TORCH_FN(div));
 }
 
 } // namespace openreg

@@ -65,6 +65,7 @@
 #include <torch/library.h>
 
 #include "torch_openreg/cpp/device_memory.h"
+#include "torch_openreg/cpp/dtype_policy.h"
 #include "torch_openreg/cpp/graph_kernels.h"
 #include "torch_openreg/cpp/ivalue_tensors.h"
 #include "torch_openreg/cpp/meta_results.h"
@@ -543,9 +544,6 @@ void run_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool quan
   }
 }
 
-void run_on_cpu_views(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  run_call(op, stack, /*quantized_kernel=*/false);
-}
 
 // Whether the call moves data between devices, the host's included, or
 // makes a tensor from host values: a wrapped (nested or quantized) CPU
@@ -600,6 +598,22 @@ void run_cpu_kernel_as_is(const c10::OperatorHandle& op, torch::jit::Stack* stac
   op.redispatchBoxed(c10::DispatchKeySet(key), stack);
 }
 
+} // namespace
+
+void run_fallback_unrecorded(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_call(op, stack, /*quantized_kernel=*/false);
+}
+
+void run_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (recording_dtypes()) {
+    run_recorded(fallback_kernel(), op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), stack);
+    return;
+  }
+  run_call(op, stack, /*quantized_kernel=*/false);
+}
+
+namespace {
+
 // The QuantizedPrivateUse1 kernel of every op (Note [Quantized tensors]).
 void run_quantized(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (copy_quantized_bytes(op, stack)) {
@@ -619,13 +633,13 @@ void run_nested(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     run_cpu_kernel_as_is(op, stack, c10::DispatchKey::NestedTensorCPU);
     return;
   }
-  run_on_cpu_views(op, stack);
+  run_fallback_unrecorded(op, stack);
 }
 
 } // namespace
 
 void register_fallback(torch::Library& library) {
-  library.fallback(torch::CppFunction::makeFromBoxedFunction<&run_on_cpu_views>());
+  library.fallback(torch::CppFunction::makeFromBoxedFunction<&run_fallback>());
 }
 
 // Sparse layouts (COO, CSR/CSC/BSR/BSC) have no openreg kernels: every op
@@ -718,18 +732,15 @@ void register_sparse_rejection(torch::Library& library) {
 //    registration and sent to the fallback, i.e. to its CPU kernel; with a
 //    kernel for the backend, autograd uses the op's own derivative, as on
 //    CPU, instead of differentiating the decomposition.
-void register_fallback_kernels(torch::Library& aten) {
-  auto to_fallback = [&aten](const std::string& name) {
-    aten.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_on_cpu_views>());
-  };
+void register_fallback_kernels(KernelRegistrar& kernels) {
   for (const char* op : {"mse_loss", "smooth_l1_loss", "index.Tensor"}) {
-    to_fallback(op);
+    kernels.fallback(op);
   }
   for_each_aten_op([&](const c10::OperatorHandle& op, const std::string& name) {
     if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU) && !op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) &&
         (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))) {
-      to_fallback(name);
+      kernels.fallback(name);
     }
   });
 }

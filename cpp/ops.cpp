@@ -17,6 +17,7 @@
 #include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/checked.h"
 #include "torch_openreg/cpp/device_memory.h"
+#include "torch_openreg/cpp/dtype_policy.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 namespace openreg {
@@ -25,12 +26,12 @@ void register_fallback(torch::Library& library);
 void register_sparse_rejection(torch::Library& library);
 void register_nested_fallback(torch::Library& fallback, torch::Library& nested_aten);
 void register_quantized_fallback(torch::Library& fallback, torch::Library& quantized_aten);
-void register_fallback_kernels(torch::Library& aten);
-void register_convolution(torch::Library& aten);
-void register_elementwise(torch::Library& aten);
-void register_random(torch::Library& aten);
-void register_attention(torch::Library& aten);
-void register_accelerator_ops(torch::Library& aten);
+void register_fallback_kernels(KernelRegistrar& kernels);
+void register_convolution(KernelRegistrar& kernels);
+void register_elementwise(KernelRegistrar& kernels);
+void register_random(KernelRegistrar& kernels);
+void register_attention(KernelRegistrar& kernels);
+void register_accelerator_ops(KernelRegistrar& kernels);
 
 namespace {
 
@@ -250,29 +251,31 @@ void register_ops() {
   // Kept for the life of the process: destroying a Library deregisters it.
   static auto* aten = new torch::Library(
       torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-  aten->impl("empty.memory_format", TORCH_FN(empty_memory_format));
-  aten->impl("empty_strided", TORCH_FN(empty_strided));
-  aten->impl("as_strided", TORCH_FN(as_strided));
-  aten->impl("view", TORCH_FN(view));
-  aten->impl("_reshape_alias", TORCH_FN(reshape_alias));
-  aten->impl("resize_", TORCH_FN(resize_));
-  aten->impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
-  aten->impl("set_.source_Storage", TORCH_FN(set_source_storage));
-  aten->impl("set_.source_Storage_storage_offset", TORCH_FN(set_source_storage_offset));
-  aten->impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
-  aten->impl("fill_.Scalar", TORCH_FN(fill_scalar));
-  aten->impl("zero_", TORCH_FN(zero));
-  aten->impl("_copy_from", TORCH_FN(copy_from));
-  aten->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
-  aten->impl("record_stream", TORCH_FN(record_stream));
-  aten->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
-  register_convolution(*aten);
-  register_elementwise(*aten);
-  register_random(*aten);
-  register_attention(*aten);
-  register_accelerator_ops(*aten);
+  static auto* kernels = new KernelRegistrar(*aten);
+  kernels->impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  kernels->impl("empty_strided", TORCH_FN(empty_strided));
+  kernels->impl("as_strided", TORCH_FN(as_strided));
+  kernels->impl("view", TORCH_FN(view));
+  kernels->impl("_reshape_alias", TORCH_FN(reshape_alias));
+  kernels->impl("resize_", TORCH_FN(resize_));
+  kernels->impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
+  kernels->impl("set_.source_Storage", TORCH_FN(set_source_storage));
+  kernels->impl("set_.source_Storage_storage_offset", TORCH_FN(set_source_storage_offset));
+  kernels->impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  kernels->impl("fill_.Scalar", TORCH_FN(fill_scalar));
+  kernels->impl("zero_", TORCH_FN(zero));
+  kernels->impl("_copy_from", TORCH_FN(copy_from));
+  kernels->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  kernels->impl("record_stream", TORCH_FN(record_stream));
+  kernels->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
+  register_convolution(*kernels);
+  register_elementwise(*kernels);
+  register_random(*kernels);
+  register_attention(*kernels);
+  register_accelerator_ops(*kernels);
   // Last: it sends ops that have no openreg kernel by now to the fallback.
-  register_fallback_kernels(*aten);
+  register_fallback_kernels(*kernels);
+  kernels->finish();
 
   // The copy handles the conjugate and negative bits itself (cpu_view):
   // their fallbacks would materialize the source with another copy, which

@@ -16,6 +16,7 @@
 
 #include "torch_openreg/cpp/checked.h"
 #include "torch_openreg/cpp/device_memory.h"
+#include "torch_openreg/cpp/dtype_policy.h"
 #include "torch_openreg/cpp/generator.h"
 
 namespace openreg {
@@ -308,25 +309,25 @@ at::Tensor normal_tensor_tensor(const at::Tensor& mean, const at::Tensor& std, G
 
 } // namespace
 
-void register_random(torch::Library& aten) {
-  aten.impl("uniform_", TORCH_FN(uniform_));
-  aten.impl("normal_", TORCH_FN(normal_));
-  aten.impl("log_normal_", TORCH_FN(log_normal_));
-  aten.impl("exponential_", TORCH_FN(exponential_));
-  aten.impl("cauchy_", TORCH_FN(cauchy_));
-  aten.impl("geometric_", TORCH_FN(geometric_));
-  aten.impl("bernoulli_.float", TORCH_FN(bernoulli_scalar));
-  aten.impl("bernoulli_.Tensor", TORCH_FN(bernoulli_tensor));
-  aten.impl("random_", TORCH_FN(random_));
-  aten.impl("random_.to", TORCH_FN(random_to));
-  aten.impl("random_.from", TORCH_FN(random_from));
-  aten.impl("randperm.generator_out", TORCH_FN(randperm_out));
-  aten.impl("multinomial", TORCH_FN(sample_multinomial));
-  aten.impl("multinomial.out", TORCH_FN(multinomial_out));
-  aten.impl("native_dropout", TORCH_FN(native_dropout));
-  aten.impl("normal.Tensor_float", TORCH_FN(normal_tensor_float));
-  aten.impl("normal.float_Tensor", TORCH_FN(normal_float_tensor));
-  aten.impl("normal.Tensor_Tensor", TORCH_FN(normal_tensor_tensor));
+void register_random(KernelRegistrar& kernels) {
+  kernels.impl("uniform_", TORCH_FN(uniform_));
+  kernels.impl("normal_", TORCH_FN(normal_));
+  kernels.impl("log_normal_", TORCH_FN(log_normal_));
+  kernels.impl("exponential_", TORCH_FN(exponential_));
+  kernels.impl("cauchy_", TORCH_FN(cauchy_));
+  kernels.impl("geometric_", TORCH_FN(geometric_));
+  kernels.impl("bernoulli_.float", TORCH_FN(bernoulli_scalar));
+  kernels.impl("bernoulli_.Tensor", TORCH_FN(bernoulli_tensor));
+  kernels.impl("random_", TORCH_FN(random_));
+  kernels.impl("random_.to", TORCH_FN(random_to));
+  kernels.impl("random_.from", TORCH_FN(random_from));
+  kernels.impl("randperm.generator_out", TORCH_FN(randperm_out));
+  kernels.impl("multinomial", TORCH_FN(sample_multinomial));
+  kernels.impl("multinomial.out", TORCH_FN(multinomial_out));
+  kernels.impl("native_dropout", TORCH_FN(native_dropout));
+  kernels.impl("normal.Tensor_float", TORCH_FN(normal_tensor_float));
+  kernels.impl("normal.float_Tensor", TORCH_FN(normal_float_tensor));
+  kernels.impl("normal.Tensor_Tensor", TORCH_FN(normal_tensor_tensor));
 }
 
 } // namespace openreg

@@ -256,13 +256,26 @@ pub fn existing_contexts() -> impl Iterator<Item = &'static DeviceContext> {
     CONTEXTS.iter().filter_map(OnceLock::get)
 }
 
+/// The compute capability a device reports: under `OPENREG_DTYPES=cuda`
+/// that of the GPU whose dtype support it follows (an H100's, as
+/// `torch_openreg._op_db.GPU_CAPABILITY` evaluates op_db), so code that asks
+/// `get_device_capability() >= (8, 0)` before using bfloat16 finds it;
+/// otherwise the simulated architecture's own 1.0.
+pub fn compute_capability() -> (i32, i32) {
+    match options::get().dtypes {
+        options::DtypePolicy::Cuda => (9, 0),
+        options::DtypePolicy::Cpu | options::DtypePolicy::Record => (1, 0),
+    }
+}
+
 pub fn properties(index: i64) -> Result<DeviceProperties> {
     let index = check_index(index)?;
+    let (major, minor) = compute_capability();
     Ok(DeviceProperties {
         name: format!("OpenReg Simulated Device {index}"),
         index,
-        major: 1,
-        minor: 0,
+        major,
+        minor,
         multi_processor_count: std::thread::available_parallelism().map_or(1, |n| n.get() as i32),
         total_memory: options::get().device_memory,
         supported_scalar_types: scalar_type_set(SUPPORTED_SCALAR_TYPES),

@@ -70,6 +70,14 @@ mod bridge {
         total: usize,
     }
 
+    /// Whose dtype support the kernels follow (`OPENREG_DTYPES`,
+    /// `options::DtypePolicy`).
+    enum DtypePolicy {
+        Cuda,
+        Cpu,
+        Record,
+    }
+
     /// How `launch_kernel` runs a kernel on the current stream.
     enum LaunchMode {
         /// Queue it and return.
@@ -189,6 +197,10 @@ mod bridge {
         fn any_device_initialized() -> bool;
         /// `OPENREG_KERNEL_THREADS` (Note [Kernel threads]).
         fn kernel_threads() -> usize;
+        /// `OPENREG_DTYPES` (Note [Dtype policy] in cpp/dtype_policy.h).
+        fn dtype_policy() -> DtypePolicy;
+        /// Under `OPENREG_DTYPES=record`: one kernel call (`dtype_record`).
+        fn record_kernel_dtype(op: &str, dtype: &str, computed: &str);
 
         // Pinned host memory.
         fn host_malloc(size: usize) -> Result<usize>;
@@ -596,6 +608,18 @@ fn any_device_initialized() -> bool {
 
 fn kernel_threads() -> usize {
     crate::options::get().kernel_threads
+}
+
+fn record_kernel_dtype(op: &str, dtype: &str, computed: &str) {
+    crate::dtype_record::record(op, dtype, computed);
+}
+
+fn dtype_policy() -> bridge::DtypePolicy {
+    match crate::options::DtypePolicy::at_load() {
+        crate::options::DtypePolicy::Cuda => bridge::DtypePolicy::Cuda,
+        crate::options::DtypePolicy::Cpu => bridge::DtypePolicy::Cpu,
+        crate::options::DtypePolicy::Record => bridge::DtypePolicy::Record,
+    }
 }
 
 fn host_malloc(size: usize) -> Result<usize> {

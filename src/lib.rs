@@ -8,6 +8,7 @@ pub mod allocator;
 pub mod capi;
 pub mod device;
 pub mod device_stop;
+pub mod dtype_record;
 pub mod error;
 pub mod event;
 pub mod fault;

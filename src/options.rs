@@ -75,6 +75,10 @@ pub struct Options {
     /// `OPENREG_FAULT=kind[:after]`: a fault armed from the start of the
     /// process (Note [Injected faults]); None when unset.
     pub fault: Option<(Fault, u64)>,
+    /// `OPENREG_DTYPES`: whose dtype support the kernels follow (Note
+    /// [Dtype policy] in cpp/dtype_policy.h). Read when the library
+    /// registers its kernels.
+    pub dtypes: DtypePolicy,
     /// The options whose variable was set, in the order read (`entries`
     /// reports each option's source from it).
     pub from_environment: Vec<&'static str>,
@@ -82,6 +86,47 @@ pub struct Options {
     /// used, in the order read; each option reads as its default
     /// (Note [Invalid options]).
     pub invalid: Vec<InvalidOption>,
+}
+
+/// Whose dtype support openreg's kernels follow (`OPENREG_DTYPES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DtypePolicy {
+    /// CUDA's, as PyTorch's op_db declares it: dtypes only CUDA supports
+    /// are computed in a wider dtype, dtypes only CPU supports are refused.
+    Cuda,
+    /// The CPU kernels' own.
+    Cpu,
+    /// The CPU kernels' own, and each kernel call's op and dtype are
+    /// recorded: how scripts/generate_dtype_table.py derives the table.
+    Record,
+}
+
+impl DtypePolicy {
+    pub const NAMES: [(&'static str, DtypePolicy); 3] =
+        [("cuda", DtypePolicy::Cuda), ("cpu", DtypePolicy::Cpu), ("record", DtypePolicy::Record)];
+
+    pub fn name(self) -> &'static str {
+        DtypePolicy::NAMES[self as usize].0
+    }
+
+    fn parse(text: &str) -> Option<DtypePolicy> {
+        parse_choice(text, &DtypePolicy::NAMES)
+    }
+
+    /// `OPENREG_DTYPES` as the kernels' registration reads it, when the
+    /// library loads: from the options if they are read, else from this
+    /// variable alone, so that loading reads (and warns about) no other
+    /// option before Python's warning handler is in place. An invalid value
+    /// reads as the default here too; initialization reports it.
+    pub fn at_load() -> DtypePolicy {
+        if let Some(options) = get_if_read() {
+            return options.dtypes;
+        }
+        std::env::var("OPENREG_DTYPES")
+            .ok()
+            .and_then(|text| DtypePolicy::parse(text.trim()))
+            .unwrap_or(DtypePolicy::Cuda)
+    }
 }
 
 /// A variable whose value the runtime cannot use.
@@ -171,6 +216,7 @@ impl Options {
                 "kind[:after], kind one of alloc, kernel, event, enumerate and after a non-negative integer",
                 |s| Fault::parse_option(s).map(Some),
             ),
+            dtypes: r.read("OPENREG_DTYPES", DtypePolicy::Cuda, "one of cuda, cpu, record", DtypePolicy::parse),
             from_environment: r.from_environment,
             invalid: r.invalid,
         }
@@ -291,6 +337,11 @@ impl Options {
                     None => String::new(),
                 },
                 help: "kind[:after]: the (after+1)-th alloc, kernel, event or enumerate of the process fails once (fault injection; unset: none)",
+            },
+            OptionEntry {
+                name: "OPENREG_DTYPES",
+                value: self.dtypes.name().to_string(),
+                help: "whose dtype support ops follow: cuda (default: CUDA's, per op_db), cpu (the CPU kernels'), record (cpu, recording each kernel's dtype)",
             },
         ]
     }
@@ -544,6 +595,19 @@ mod tests {
         assert_eq!(accepted("OPENREG_LOG"), names(&Level::NAMES.map(|(n, _)| n)));
         assert_eq!(accepted("OPENREG_SYNC_DEBUG"), names(&SyncDebugMode::NAMES.map(|(n, _)| n)));
         assert!(accepted("OPENREG_FAULT").contains(&names(&Fault::NAMES.map(|(n, _)| n))));
+        assert_eq!(accepted("OPENREG_DTYPES"), names(&DtypePolicy::NAMES.map(|(n, _)| n)));
+    }
+
+    #[test]
+    fn dtypes_option() {
+        assert_eq!(parse(&[]).dtypes, DtypePolicy::Cuda);
+        assert_eq!(parse(&[("OPENREG_DTYPES", " CPU ")]).dtypes, DtypePolicy::Cpu);
+        assert_eq!(parse(&[("OPENREG_DTYPES", "record")]).dtypes, DtypePolicy::Record);
+        let o = parse(&[("OPENREG_DTYPES", "gpu")]);
+        assert_eq!((o.dtypes, invalid(&o)), (DtypePolicy::Cuda, vec!["OPENREG_DTYPES"]));
+        let entry = |o: &Options| o.entries().into_iter().find(|e| e.name == "OPENREG_DTYPES").unwrap().value;
+        assert_eq!(entry(&parse(&[("OPENREG_DTYPES", "cpu")])), "cpu");
+        assert_eq!(entry(&parse(&[])), "cuda");
     }
 
     #[test]

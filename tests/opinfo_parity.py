@@ -13,6 +13,16 @@ fallback takes its queued route (results planned by Meta kernels, Note
   python3 tests/opinfo_parity.py --dtypes all --busy   # the full sweep
   python3 tests/opinfo_parity.py --ops sin,conj --dtypes complex64 -v
   python3 tests/opinfo_parity.py --dtypes all --backward   # with one backward sample per op
+  python3 tests/opinfo_parity.py --cuda-dtypes [--busy]    # where CUDA's dtypes differ from CPU's
+
+With --cuda-dtypes, the sweep covers the (op, dtype) pairs where op_db's
+CUDA dtypes (as on a current GPU: torch_openreg/_op_db.py) differ from its
+CPU dtypes (Note [Dtype policy] in cpp/dtype_policy.h): at a dtype only CUDA
+supports, every sample runs on openreg and equals CPU computing in the
+nearest wider dtype it supports, cast back; at a dtype only CPU supports,
+every sample CPU accepts raises CUDA's NotImplementedError ("... not
+implemented for '<Dtype>'") on openreg and leaves the arguments unchanged.
+Elsewhere a sweep covers the dtypes both support.
 
 The parent never touches the openreg device (a fork of an initialized process
 is refused, as with CUDA); children do. Prints one line per failing op (and per
@@ -32,7 +42,9 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
 
 import torch  # noqa: E402
 import torch_openreg  # noqa: E402,F401
-from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
+from torch_openreg._op_db import c10_name, cpu_dtypes, cuda_dtypes, load_op_db  # noqa: E402
+
+op_db = load_op_db()
 
 from parity_harness import Tally, Unsupported, in_fork  # noqa: E402
 
@@ -231,6 +243,123 @@ def run_backward(op, dtype) -> None:
         return
 
 
+# The dtypes CPU computes a dtype it lacks in, nearest first: the reference
+# of a dtype only CUDA supports (chosen here independently of the table).
+WIDER = {
+    torch.bool: (torch.uint8, torch.int64),
+    **{t: (torch.int64, torch.float64) for t in (torch.uint8, torch.int8, torch.int16, torch.int32)},
+    torch.int64: (torch.float64,),
+    **{t: (torch.float32, torch.float64) for t in (torch.float16, torch.bfloat16, torch.float8_e5m2,
+                                                   torch.float8_e4m3fn, torch.float8_e5m2fnuz, torch.float8_e4m3fnuz)},
+    torch.float32: (torch.float64,),
+    torch.complex32: (torch.complex64, torch.complex128),
+    torch.complex64: (torch.complex128,),
+}
+
+
+def narrowed(computed, narrow, wide):
+    """A result's dtype when `wide` stood in for `narrow`: wide and its
+    complex or real kin become narrow's."""
+    if computed == wide:
+        return narrow
+    if wide.is_complex and narrow.is_complex and computed == wide.to_real():
+        return narrow.to_real()
+    if wide.is_floating_point and narrow.is_floating_point and computed == wide.to_complex():
+        return narrow.to_complex()
+    return computed
+
+
+def map_tensors(value, fn):
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_tensors(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    return value
+
+
+def cpu_reference(op, sample, dtype):
+    """The op on CPU at `dtype`, else in the nearest wider dtype CPU runs,
+    its results cast back; raises when CPU runs neither."""
+    host = map_tensors((sample.input, sample.args, sample.kwargs), lambda t: t.detach().cpu())
+    failure = None
+    for wide in (dtype, *WIDER.get(dtype, ())):
+        def widen(t):
+            return t.to(wide) if t.dtype == dtype else t
+        present = set()
+        map_tensors(host, lambda t: present.add(t.dtype))
+        inp, args, kwargs = map_tensors(host, widen)
+        kwargs = {k: (wide if v == dtype else v) for k, v in kwargs.items()}
+        try:
+            out = op(inp, *args, **kwargs)
+        except Exception as e:
+            failure = failure or e
+            continue
+        return map_tensors(out, lambda t: t if t.dtype in present else t.to(narrowed(t.dtype, dtype, wide)))
+    raise failure
+
+
+def check_cuda_only(op, dtype, busy: bool) -> str:
+    """Every sample at a dtype only CUDA supports equals CPU's reference."""
+    compared = 0
+    for i, sample in enumerate(op.sample_inputs(DEV, dtype, requires_grad=False)):
+        want = cpu_reference(op, sample, dtype)
+        if busy:
+            torch.openreg._sleep(1)
+        got = call_on_device(op, sample.input, *sample.args, **sample.kwargs)
+        try:
+            compare(got, want, values_compared(op.name, sample.kwargs))
+        except AssertionError as e:
+            raise AssertionError(f"sample {i}: {str(e).splitlines()[0]}") from None
+        compared += 1
+    torch.openreg.synchronize()
+    return f"{compared} samples"
+
+
+def check_cpu_only(op, dtype, busy: bool) -> str:
+    """At a dtype CUDA refuses, the samples CPU accepts are refused with
+    CUDA's error, their arguments unchanged, where they reach a kernel CUDA
+    lacks; the others (a scalar `inner` is a `mul`) equal CPU, as on CUDA.
+    PyTorch calls a dtype unsupported when any sample fails: one must be
+    refused."""
+    expected = f"not implemented for '{c10_name(dtype)}'"
+    refused = accepted = 0
+    samples = op.sample_inputs("cpu", dtype, requires_grad=False)
+    for i, (sample, placement) in enumerate(zip(samples, meta_samples(op, dtype, False))):
+        try:
+            want = op(sample.input, *sample.args, **sample.kwargs)
+        except Exception:
+            continue  # CPU itself rejects the sample
+        moved = moved_sample(sample, placement)
+        before = map_tensors(moved, lambda t: t.detach().cpu().clone())
+        if busy:
+            torch.openreg._sleep(1)
+        try:
+            got = op(moved[0], *moved[1], **moved[2])
+        except NotImplementedError as e:
+            if expected not in str(e):
+                raise AssertionError(f"sample {i}: refused with {str(e).splitlines()[0]!r}") from None
+            torch.openreg.synchronize()
+            assert_unchanged(before, map_tensors(moved, lambda t: t.detach().cpu()), i)
+            refused += 1
+            continue
+        try:
+            compare(got, want, values_compared(op.name, sample.kwargs))
+        except AssertionError as e:
+            raise AssertionError(f"sample {i} (accepted): {str(e).splitlines()[0]}") from None
+        accepted += 1
+    assert refused, f"no sample refused (CUDA refuses {dtype}); {accepted} accepted"
+    return f"{refused} samples refused, {accepted} accepted"
+
+
+def assert_unchanged(before, after, i):
+    for b, a in zip(flatten(list(before)), flatten(list(after))):
+        if isinstance(b, torch.Tensor):
+            same = torch.equal(b.reshape(-1).view(torch.uint8), a.reshape(-1).view(torch.uint8))
+            assert same, f"sample {i}: a refused call changed an argument"
+
+
 def check_op(op, dtype, busy: bool, backward: bool) -> None:
     """The op's samples (and with `backward`, its backward sample) equal CPU's."""
     run_op(op, dtype, busy)
@@ -249,11 +378,17 @@ def main() -> int:
         "--rotate", action="store_true",
         help="a representative subset: the k-th of n dtypes runs every n-th op of op_db from the k-th",
     )
+    parser.add_argument(
+        "--cuda-dtypes", action="store_true",
+        help="the pairs where CUDA's dtypes differ from CPU's (instead of --dtypes)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()
-    dtypes = list(DTYPES) if args.dtypes == "all" else args.dtypes.split(",")
     wanted = set(args.ops.split(",")) if args.ops else None
     tally = Tally(args.verbose)
+    if args.cuda_dtypes:
+        return sweep_cuda_dtypes(wanted, args.busy, tally)
+    dtypes = list(DTYPES) if args.dtypes == "all" else args.dtypes.split(",")
     for k, name in enumerate(dtypes):
         dtype = DTYPES[name]
         ops = [
@@ -261,6 +396,7 @@ def main() -> int:
             if (wanted is None or op.name in wanted)
             and (not args.rotate or index % len(dtypes) == k)
             and op.supports_dtype(dtype, "cpu")
+            and dtype in cuda_dtypes(op)  # a dtype CUDA refuses: --cuda-dtypes
         ]
         start = time.monotonic()
         failed_before = tally.failed
@@ -270,6 +406,25 @@ def main() -> int:
         dtype_failed = tally.failed - failed_before
         print(f"-- {name}: {len(ops) - dtype_failed} of {len(ops)} ops clean ({time.monotonic() - start:.0f} s)")
         sys.stdout.flush()
+    print(tally.summary())
+    return 1 if tally.failed else 0
+
+
+def sweep_cuda_dtypes(wanted, busy: bool, tally: Tally) -> int:
+    """--cuda-dtypes: each differing pair in a fork, counted by kind."""
+    start = time.monotonic()
+    for kind, check in (("cuda-only", check_cuda_only), ("cpu-only", check_cpu_only)):
+        failed_before, pairs = tally.failed, 0
+        for op in op_db:
+            if wanted is not None and op.name not in wanted:
+                continue
+            cuda, cpu = cuda_dtypes(op), cpu_dtypes(op)
+            for dtype in sorted(cuda - cpu if kind == "cuda-only" else cpu - cuda, key=str):
+                outcome = in_fork(lambda: check(op, dtype, busy), OP_TIMEOUT_S)
+                tally.record(f"{c10_name(dtype):10} {kind}:{op.name}.{op.variant_test_name}", outcome)
+                pairs += 1
+        print(f"-- {kind}: {pairs - (tally.failed - failed_before)} of {pairs} pairs clean")
+    print(f"-- {time.monotonic() - start:.0f} s")
     print(tally.summary())
     return 1 if tally.failed else 0
 

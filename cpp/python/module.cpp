@@ -18,6 +18,8 @@
 // In generator.cpp (which needs torch's Python headers).
 extern "C" PyObject* openreg_get_default_generator(PyObject* self, PyObject* arg);
 extern "C" void openreg_register_fork_handler();
+// In src/dtype_record.rs (Note [Dtype policy] in cpp/dtype_policy.h).
+extern "C" const char* orTakeRecordedKernelDtypes(void);
 // In ipc.cpp (sharing device memory between processes).
 extern "C" PyObject* openreg_ipc_mem_handle(PyObject* self, PyObject* arg);
 extern "C" PyObject* openreg_ipc_open_storage(PyObject* self, PyObject* args);
@@ -231,6 +233,12 @@ static PyObject* is_device_stopped(PyObject* self, PyObject* arg) {
 
 static PyObject* options(PyObject* self, PyObject* unused) {
   return PyUnicode_FromString(orGetOptions());
+}
+
+/* Under OPENREG_DTYPES=record: "op\tdtype\tcomputed-in" lines of the kernel
+ * calls since the last call (scripts/generate_dtype_table.py). */
+static PyObject* recorded_kernel_dtypes(PyObject* self, PyObject* unused) {
+  return PyUnicode_FromString(orTakeRecordedKernelDtypes());
 }
 
 static void sleep_on_stream(void* nanoseconds) {
@@ -603,6 +611,7 @@ static PyMethodDef methods[] = {
     {"_live_worker_count", live_worker_count, METH_O, "Stream worker threads alive on a device."},
     {"_stream_priority_range", stream_priority_range, METH_NOARGS, "(least, greatest) stream priority."},
     {"_options", options, METH_NOARGS, "The OPENREG_* options in force, as text lines."},
+    {"_recorded_kernel_dtypes", recorded_kernel_dtypes, METH_NOARGS, "OPENREG_DTYPES=record: calls since the last read."},
     {"_sleep", sleep_kernel, METH_O, "Queue a kernel that sleeps for the given milliseconds."},
     {"_stop_device", stop_device, METH_O, "Stop a device: abandon its queued work, reject new work."},
     {"_restart_device", restart_device, METH_O, "Bring a stopped device back (a new memory generation)."},

@@ -366,6 +366,7 @@ BAD_OPTIONS = {
     "OPENREG_SYNC_DEBUG": ("bogus", "one of default, warn, error"),
     "OPENREG_STREAM_POOL_SIZE": ("1025", "an integer from 1 to 1024"),
     "OPENREG_FAULT": ("disk:1", "kind[:after], kind one of alloc, kernel, event, enumerate"),
+    "OPENREG_DTYPES": ("gpu", "one of cuda, cpu, record"),
 }
 
 INVALID_OPTIONS = script(

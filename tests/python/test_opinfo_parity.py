@@ -1,7 +1,8 @@
 """openreg equals CPU over PyTorch's operator database (tests/opinfo_parity.py):
 every op at float32, with the fallback inline (plus one backward sample per
 op) and queued; every other dtype on a rotating share of the ops, so each op
-also runs at one other dtype. The known failures below, each with its
+also runs at one other dtype; and, inline and queued, every pair where
+CUDA's dtypes differ from CPU's (--cuda-dtypes: Note [Dtype policy]). The known failures below, each with its
 reason, must still fail where they run: a fixed one is noticed here and taken
 off the list. The full sweep is run by hand:
 python3 tests/opinfo_parity.py --dtypes all --backward (and --busy)."""
@@ -34,12 +35,45 @@ KNOWN_FAILURES = {
     **{f"{dtype} nn.functional.scaled_dot_product_attention.": THREE_D_ATTENTION for dtype in ("float16", "bfloat16")},
 }
 
+FFT_HALF = (
+    "PyTorch's FFT composites (SpectralOps.cpp) accept float16/bfloat16/complex32 on CUDA by device name and "
+    "refuse them for any other device before a backend kernel runs, so no dtype rule can reach them"
+)
+CUDA_ONLY_FAILURES = {
+    **{f"cuda-only:fft.{kind}.": FFT_HALF for kind in (
+        "fft", "fft2", "fftn", "hfft", "hfft2", "hfftn", "ifft", "ifft2", "ifftn", "ihfft", "ihfft2", "ihfftn",
+        "irfft", "irfft2", "irfftn", "rfft", "rfft2", "rfftn")},
+    "cuda-only:stft.": FFT_HALF,
+    **{f"cuda-only:{op}.": (
+        "CPU's nansum refuses complex inputs in every dtype (there is no wider complex dtype it accepts), so "
+        "there is neither a wider computation nor a CPU reference") for op in ("nansum", "nanmean")},
+    "cuda-only:sparse.sampled_addmm.": "sparse layouts are not supported on openreg",
+    **{f"cuda-only:torch.ops.aten.{op}.": (
+        "a CUDA-only operator without a CPU kernel at all (an operator, not a dtype, CUDA has): openreg's "
+        "fused attention is _scaled_dot_product_fused_attention_overrideable (Note [Accelerator-only ops])")
+       for op in ("_flash_attention_forward", "_efficient_attention_forward")},
+}
+CPU_ONLY_FAILURES = {
+    **{f"Bool cpu-only:scatter_reduce.{mode}": (
+        "CUDA refuses bool only for reduce='prod'/'amin'/'amax', which an (op, dtype) rule cannot tell from "
+        "the sum and mean it accepts (the same aten op)") for mode in ("prod", "amin", "amax")},
+    **{f"{dtype} cpu-only:{op}.": (
+        "op_db's samples of _scaled_mm make a float8_e4m3fn first operand whatever the dtype, which CUDA "
+        "accepts: no sample reaches a dtype CUDA refuses")
+       for dtype in ("Float8_e4m3fnuz", "Float8_e5m2", "Float8_e5m2fnuz") for op in ("torch._scaled_mm", "torch._scaled_mm_v2")},
+}
+
 OTHER_DTYPES = "float64,float16,bfloat16,complex64,complex128,int64,int32,uint8,bool"
 
 
 def known_failure(label: str):
     dtype, op = label.split()
     return KNOWN_FAILURES.get(f"{dtype} {op}") or KNOWN_FAILURES.get(op)
+
+
+def known_dtype_failure(label: str):
+    dtype, pair = label.split()
+    return CUDA_ONLY_FAILURES.get(pair) or CPU_ONLY_FAILURES.get(f"{dtype} {pair}")
 
 
 def sweep(*args):
@@ -64,3 +98,14 @@ def sweep(*args):
 )
 def test_ops_equal_cpu(args):
     sweep(*args)
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("args", [[], ["--busy"]], ids=["inline", "queued"])
+def test_dtypes_as_cuda(args):
+    report = run_sweep(SCRIPT, "--cuda-dtypes", *args)
+    check_known_failures(report, known_dtype_failure, "dtype pairs")
+    cuda_only = sum(1 for label in report.passed if "cuda-only:" in label)
+    cpu_only = sum(1 for label in report.passed if "cpu-only:" in label)
+    print(f"CUDA-only pairs computed as CUDA: {cuda_only}; CPU-only pairs refused as CUDA: {cpu_only}")
+    assert cuda_only and cpu_only

@@ -1,0 +1,359 @@
+// The dtype policy (Note [Dtype policy] in dtype_policy.h): the kernels that
+// check a call's dtype against the generated table, and the recording the
+// table is generated from.
+#include "torch_openreg/cpp/dtype_policy.h"
+
+#include <array>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/Tensor.h>
+
+#include "torch_openreg/cpp/dtype_table.h"
+#include "torch_openreg/cpp/ivalue_tensors.h"
+#include "torch_openreg/src/ffi.rs.h"
+
+namespace openreg {
+namespace {
+
+using c10::ScalarType;
+
+constexpr size_t kDtypes = static_cast<size_t>(ScalarType::NumOptions);
+
+// One op's rules, by the call's dtype: nullopt runs the kernel as it is,
+// Undefined refuses the call, any other dtype is the one it computes in.
+using OpRules = std::array<std::optional<ScalarType>, kDtypes>;
+
+ffi::DtypePolicy policy() {
+  static const ffi::DtypePolicy chosen = ffi::dtype_policy();
+  return chosen;
+}
+
+// The generated table by op ("mm.out", as torch::Library::impl names it).
+const std::unordered_map<std::string, OpRules>& rules_by_op() {
+  static const auto* table = [] {
+    auto* rules = new std::unordered_map<std::string, OpRules>();
+    constexpr std::string_view kAten = "aten::";
+    for (const DtypeRule& rule : kDtypeRules) {
+      const std::string_view op = rule.op;
+      (*rules)[std::string(op.substr(kAten.size()))][static_cast<size_t>(rule.dtype)] = rule.compute;
+    }
+    return rules;
+  }();
+  return *table;
+}
+
+// The call's dtype: its first tensor argument's (a factory's: none).
+std::optional<ScalarType> dispatch_dtype(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const size_t count = op.schema().arguments().size();
+  for (size_t i = stack.size() - count; i < stack.size(); ++i) {
+    std::optional<ScalarType> dtype;
+    for_each_tensor(stack[i], [&](const at::Tensor& t) {
+      if (!dtype) {
+        dtype = t.scalar_type();
+      }
+    });
+    if (dtype) {
+      return dtype;
+    }
+  }
+  return std::nullopt;
+}
+
+// "mm" for aten::mm.out, "convolution" for aten::convolution_overrideable:
+// the op as CUDA's kernel names say it, without their "_cuda".
+std::string kernel_name(const c10::OperatorHandle& op) {
+  std::string name = op.operator_name().name;
+  const size_t colons = name.find("::");
+  if (colons != std::string::npos) {
+    name = name.substr(colons + 2);
+  }
+  constexpr std::string_view kOverrideable = "_overrideable";
+  if (name.size() > kOverrideable.size() && name.ends_with(kOverrideable)) {
+    name.resize(name.size() - kOverrideable.size());
+  }
+  return name;
+}
+
+[[noreturn]] void refuse(const c10::OperatorHandle& op, ScalarType dtype) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false, "\"", kernel_name(op), "_openreg\" not implemented for '", c10::toString(dtype), "'");
+}
+
+// The dtype a result of dtype `computed` comes back as, when the call ran in
+// `wide` instead of `narrow`: `wide` itself, and its complex or real kin (an
+// FFT of half computes complex64, which is complex32 for half), as the
+// corresponding narrow dtype; any other dtype as it is.
+ScalarType narrowed(ScalarType computed, ScalarType narrow, ScalarType wide) {
+  if (computed == wide) {
+    return narrow;
+  }
+  if (c10::isComplexType(wide) && c10::isComplexType(narrow) && computed == c10::toRealValueType(wide)) {
+    return c10::toRealValueType(narrow);
+  }
+  if (c10::isFloatingType(wide) && c10::isFloatingType(narrow) && computed == c10::toComplexType(wide)) {
+    return c10::toComplexType(narrow);
+  }
+  return computed;
+}
+
+// Whether `argument` is a dtype (ScalarType or ScalarType?).
+bool names_dtype(const c10::Argument& argument) {
+  const c10::TypePtr& type = argument.real_type();
+  const c10::TypePtr element = type->kind() == c10::TypeKind::OptionalType
+      ? type->castRaw<c10::OptionalType>()->getElementType()
+      : type;
+  return element->kind() == c10::TypeKind::ScalarTypeType;
+}
+
+// Runs the call with its tensors (and dtype arguments) of dtype `narrow`
+// converted to `wide` (see the Note): each result comes back in its narrowed dtype, unless an
+// argument already had the result's dtype (type promotion chose it);
+// arguments the op writes get the written values; a result that is such an
+// argument is the argument itself.
+void run_widened(
+    const c10::KernelFunction& kernel,
+    const c10::OperatorHandle& op,
+    c10::DispatchKeySet keys,
+    torch::jit::Stack* stack,
+    ScalarType narrow,
+    ScalarType wide) {
+  const auto& schema = op.schema();
+  const size_t first = stack->size() - schema.arguments().size();
+  // The conversions are device work, not part of the autograd graph: the
+  // call is below autograd already.
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  std::array<bool, kDtypes> argument_dtypes{};
+  std::vector<std::pair<at::Tensor, at::Tensor>> written; // (argument, its widened stand-in)
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const c10::Argument& argument = schema.arguments()[i];
+    c10::IValue& value = (*stack)[first + i];
+    if (value.isInt() && value.toInt() == static_cast<int64_t>(narrow) && names_dtype(argument)) {
+      value = static_cast<int64_t>(wide); // prod(..., dtype=) computes in the wide dtype too
+      continue;
+    }
+    const c10::AliasInfo* alias = argument.alias_info();
+    const bool writes = alias != nullptr && alias->isWrite();
+    map_tensors(value, [&](const at::Tensor& t) {
+      argument_dtypes[static_cast<size_t>(t.scalar_type())] = true;
+      if (t.scalar_type() != narrow) {
+        return t;
+      }
+      at::Tensor stand_in = t.to(wide);
+      if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+        stand_in.unsafeGetTensorImpl()->set_wrapped_number(true);
+      }
+      if (writes) {
+        written.emplace_back(t, stand_in);
+      }
+      return stand_in;
+    });
+  }
+  kernel.callBoxed(op, keys, stack);
+  for (auto& [argument, stand_in] : written) {
+    if (argument.sizes() != stand_in.sizes()) {
+      argument.resize_(stand_in.sizes());
+    }
+    argument.copy_(stand_in);
+  }
+  const size_t results = stack->size() - schema.returns().size();
+  for (size_t i = 0; i < schema.returns().size(); ++i) {
+    map_tensors((*stack)[results + i], [&](const at::Tensor& t) {
+      for (const auto& [argument, stand_in] : written) {
+        if (t.unsafeGetTensorImpl() == stand_in.unsafeGetTensorImpl()) {
+          return argument;
+        }
+      }
+      const ScalarType dtype = narrowed(t.scalar_type(), narrow, wide);
+      return dtype == t.scalar_type() || argument_dtypes[static_cast<size_t>(t.scalar_type())] ? t : t.to(dtype);
+    });
+  }
+}
+
+// A kernel of an op the table names: checks each call's dtype first.
+class DtypeCheckedKernel final : public c10::OperatorKernel {
+ public:
+  DtypeCheckedKernel(c10::KernelFunction kernel, const OpRules& rules) : kernel_(std::move(kernel)), rules_(rules) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+    const std::optional<ScalarType> dtype = dispatch_dtype(op, *stack);
+    const std::optional<ScalarType> rule = dtype ? rules_[static_cast<size_t>(*dtype)] : std::nullopt;
+    if (!rule) {
+      kernel_.callBoxed(op, keys, stack);
+    } else if (*rule == ScalarType::Undefined) {
+      refuse(op, *dtype);
+    } else {
+      run_widened(kernel_, op, keys, stack, *dtype, *rule);
+    }
+  }
+
+ private:
+  c10::KernelFunction kernel_;
+  OpRules rules_;
+};
+
+// The dtypes to try, narrowest first, when the CPU kernel refuses `dtype`:
+// integers exactly (64-bit integers, then double), floating and complex
+// types through their wider kin.
+std::vector<ScalarType> wider_dtypes(ScalarType dtype) {
+  switch (dtype) {
+    case ScalarType::Bool:
+      return {ScalarType::Byte, ScalarType::Long};
+    case ScalarType::Byte:
+    case ScalarType::Char:
+    case ScalarType::Short:
+    case ScalarType::Int:
+    case ScalarType::UInt16:
+    case ScalarType::UInt32:
+      return {ScalarType::Long, ScalarType::Double};
+    case ScalarType::Long:
+    case ScalarType::UInt64:
+      return {ScalarType::Double};
+    case ScalarType::Half:
+    case ScalarType::BFloat16:
+    case ScalarType::Float8_e5m2:
+    case ScalarType::Float8_e4m3fn:
+    case ScalarType::Float8_e5m2fnuz:
+    case ScalarType::Float8_e4m3fnuz:
+      return {ScalarType::Float, ScalarType::Double};
+    case ScalarType::Float:
+      return {ScalarType::Double};
+    case ScalarType::ComplexHalf:
+      return {ScalarType::ComplexFloat, ScalarType::ComplexDouble};
+    case ScalarType::ComplexFloat:
+      return {ScalarType::ComplexDouble};
+    default:
+      return {};
+  }
+}
+
+// Whether `e` is a CPU kernel's refusal of `dtype`: AT_DISPATCH's message,
+// or a NotImplementedError in other words that name the dtype or, for a
+// complex one, complex inputs (the FFT's "Unsupported dtype Half", nansum's
+// "does not support complex inputs").
+bool refuses(const c10::Error& e, ScalarType dtype) {
+  const std::string_view what = e.what_without_backtrace();
+  const std::string name = c10::toString(dtype);
+  if (what.find("not implemented for '" + name + "'") != std::string_view::npos) {
+    return true;
+  }
+  return dynamic_cast<const c10::NotImplementedError*>(&e) != nullptr &&
+      (what.find(name) != std::string_view::npos ||
+       (c10::isComplexType(dtype) && what.find("complex") != std::string_view::npos));
+}
+
+// Whether the op returns a view of an argument (view_as_complex).
+bool returns_view(const c10::OperatorHandle& op) {
+  for (const c10::Argument& result : op.schema().returns()) {
+    if (result.alias_info() != nullptr && !result.alias_info()->isWrite()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void record(const c10::OperatorHandle& op, ScalarType dtype, ScalarType computed) {
+  ffi::record_kernel_dtype(c10::toString(op.operator_name()), c10::toString(dtype), c10::toString(computed));
+}
+
+// A kernel registered under OPENREG_DTYPES=record.
+class RecordingKernel final : public c10::OperatorKernel {
+ public:
+  explicit RecordingKernel(c10::KernelFunction kernel) : kernel_(std::move(kernel)) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+    run_recorded(kernel_, op, keys, stack);
+  }
+
+ private:
+  c10::KernelFunction kernel_;
+};
+
+} // namespace
+
+c10::KernelFunction fallback_kernel() {
+  return c10::KernelFunction::makeFromBoxedFunction<&run_fallback_unrecorded>();
+}
+
+bool recording_dtypes() {
+  return policy() == ffi::DtypePolicy::Record;
+}
+
+void run_recorded(
+    const c10::KernelFunction& kernel,
+    const c10::OperatorHandle& op,
+    c10::DispatchKeySet keys,
+    torch::jit::Stack* stack) {
+  const std::optional<ScalarType> dtype = dispatch_dtype(op, *stack);
+  if (!dtype) {
+    kernel.callBoxed(op, keys, stack);
+    return;
+  }
+  const size_t first = stack->size() - op.schema().arguments().size();
+  const torch::jit::Stack arguments(stack->begin() + first, stack->end());
+  const auto restore_arguments = [&] {
+    stack->resize(first);
+    stack->insert(stack->end(), arguments.begin(), arguments.end());
+  };
+  try {
+    kernel.callBoxed(op, keys, stack);
+    record(op, *dtype, *dtype);
+    return;
+  } catch (const c10::Error& e) {
+    if (!refuses(e, *dtype) || returns_view(op)) {
+      throw; // a view cannot be computed in another dtype
+    }
+    for (ScalarType wide : wider_dtypes(*dtype)) {
+      restore_arguments();
+      try {
+        run_widened(kernel, op, keys, stack, *dtype, wide);
+        record(op, *dtype, wide);
+        return;
+      } catch (const c10::Error& wider) {
+        if (!refuses(wider, wide)) {
+          throw;
+        }
+      }
+    }
+    throw;
+  }
+}
+
+bool KernelRegistrar::checks_dtypes(const std::string& name) const {
+  return recording_dtypes() || (policy() == ffi::DtypePolicy::Cuda && rules_by_op().count(name) != 0);
+}
+
+void KernelRegistrar::impl_checked(const std::string& name, c10::KernelFunction kernel) {
+  if (recording_dtypes()) {
+    aten_.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<RecordingKernel>(kernel)));
+  } else {
+    aten_.impl(
+        name.c_str(),
+        torch::CppFunction::makeFromBoxedFunctor(
+            std::make_unique<DtypeCheckedKernel>(std::move(kernel), rules_by_op().at(name))));
+  }
+}
+
+void KernelRegistrar::fallback(const std::string& name) {
+  if (checks_dtypes(name)) {
+    impl_checked(name, fallback_kernel());
+  } else {
+    aten_.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_fallback>());
+  }
+  registered_.insert(name);
+}
+
+void KernelRegistrar::finish() {
+  if (policy() != ffi::DtypePolicy::Cuda) {
+    return;
+  }
+  for (const auto& [name, rules] : rules_by_op()) {
+    if (!registered(name)) {
+      fallback(name);
+    }
+  }
+}
+
+} // namespace openreg

@@ -1,0 +1,221 @@
+"""Derives openreg's dtype table (cpp/dtype_table.h) from PyTorch's op_db.
+
+Note [Dtype policy] in cpp/dtype_policy.h says what the table does. It is
+derived here, never written by hand: every sample of every OpInfo runs on
+openreg at every dtype PyTorch declares for it on CPU or CUDA (CUDA as on a
+current GPU: torch_openreg/_op_db.py), forward and, at floating and complex
+dtypes, backward too, under OPENREG_DTYPES=record, which
+notes the (aten op, dtype) of each kernel call the sample reaches and
+computes a dtype the CPU kernel refuses in the first wider dtype it accepts.
+Then, per (aten op, dtype):
+  - computed wider while running an OpInfo at a dtype CUDA supports: the
+    table computes it in that dtype;
+  - reached while running an OpInfo at a dtype CPU supports and CUDA does
+    not, and by no sample of a dtype CUDA supports: the table refuses it.
+
+  python3 scripts/generate_dtype_table.py            # rewrite the table
+  python3 scripts/generate_dtype_table.py --check    # exit 1 if it is stale
+  python3 scripts/generate_dtype_table.py --report   # also print every pair's outcome
+
+It runs in a few minutes (samples run on openreg in this process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import subprocess
+import sys
+import warnings
+from collections import defaultdict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TABLE = os.path.join(ROOT, "cpp", "dtype_table.h")
+ENV = {"OPENREG_DTYPES": "record", "OPENREG_LAUNCH_BLOCKING": "1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}
+
+
+def in_recording_process(argv: list[str]) -> int:
+    """Runs this script again with the recording options set."""
+    env = dict(os.environ, **ENV)
+    return subprocess.run([sys.executable, os.path.abspath(__file__), *argv], env=env).returncode
+
+
+def derive():
+    """(rules, outcomes): rules maps (aten op, dtype name) to the dtype name
+    it computes in, or None when refused, each with the OpInfos that led to
+    it; outcomes says for each CUDA-only and CPU-only (OpInfo, dtype) what
+    the table does for it."""
+    warnings.simplefilter("ignore")  # the samples' own deprecation warnings
+    import torch
+    import torch_openreg
+    from torch_openreg._op_db import c10_name, cpu_dtypes, cuda_dtypes, load_op_db
+
+    record = torch_openreg._C._recorded_kernel_dtypes
+    op_db = load_op_db()
+    allowed = set()  # (op, dtype) reached at a dtype CUDA supports
+    widened = defaultdict(set)  # (op, dtype, wide) -> OpInfo names
+    refusable = defaultdict(set)  # (op, dtype) -> OpInfo names of CPU-only pairs
+    cpu_only_reached = {}  # (OpInfo, dtype) -> ops reached at that dtype
+    cuda_only_widened = {}  # (OpInfo, dtype) -> ops widened
+    for op in op_db:
+        cuda, cpu = cuda_dtypes(op), cpu_dtypes(op)
+        label = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+        for dtype in sorted(cuda | cpu, key=str):
+            dtype_name = c10_name(dtype)
+            calls = set()
+            backward = op.supports_autograd and (dtype.is_floating_point or dtype.is_complex)
+            for requires_grad in (False, True) if backward else (False,):
+                for sample in _samples(op, dtype, requires_grad):
+                    record()  # the sample's own making is not the op's
+                    _run(op, sample, requires_grad)
+                    calls |= {tuple(line.split("\t")) for line in record().splitlines()}
+            if dtype in cuda:
+                allowed |= {(name, dt) for name, dt, _ in calls}
+                for name, dt, wide in calls:
+                    if wide != dt:
+                        widened[(name, dt, wide)].add(label)
+                if dtype not in cpu:
+                    cuda_only_widened[(label, dtype_name)] = sorted({n for n, dt, w in calls if w != dt})
+            else:
+                reached = {name for name, dt, _ in calls if dt == dtype_name}
+                cpu_only_reached[(label, dtype_name)] = reached
+                for name in reached:
+                    refusable[(name, dtype_name)].add(label)
+    # An op that an OpInfo of its own name declares for CUDA at a dtype is
+    # never refused there, even where no sample reaches it (add.out).
+    declared = {(name, c10_name(dtype)) for op in op_db for name in _aten_names(op) for dtype in cuda_dtypes(op)}
+    rules = {}
+    for (name, dtype, wide), labels in widened.items():
+        rules[(name, dtype)] = (wide, labels)
+    for (name, dtype), labels in refusable.items():
+        if (name, dtype) not in allowed and (_base_name(name), dtype) not in declared:
+            rules[(name, dtype)] = (None, labels)
+    outcomes = {
+        "cuda_only": cuda_only_widened,
+        "cpu_only": {
+            pair: sorted(n for n in reached if rules.get((n, pair[1]), ("x",))[0] is None)
+            for pair, reached in cpu_only_reached.items()
+        },
+    }
+    return rules, outcomes
+
+
+def _aten_names(op) -> set:
+    """The aten op names an OpInfo stands for: its aten_name, its name's last
+    part (nn.functional.avg_pool2d: avg_pool2d) and its aliases'."""
+    names = {op.aten_name, op.name.split(".")[-1]}
+    names |= {alias.name.split(".")[-1] for alias in getattr(op, "aliases", ())}
+    return names
+
+
+def _base_name(aten_op: str) -> str:
+    """'add' for 'aten::add.out'."""
+    return aten_op.split("::")[-1].split(".")[0]
+
+
+def _samples(op, dtype, requires_grad: bool):
+    try:
+        yield from op.sample_inputs("openreg", dtype, requires_grad=requires_grad)
+    except Exception:
+        return
+
+
+def _run(op, sample, requires_grad: bool) -> None:
+    """The sample's forward, and with `requires_grad` its backward too (the
+    kernels training reaches)."""
+    import torch
+
+    try:
+        out = op(sample.input, *sample.args, **sample.kwargs)
+        if requires_grad:
+            outs = [t for t in _tensors(sample.output_process_fn_grad(out)) if t.requires_grad]
+            leaves = [t for t in _tensors([sample.input, sample.args, sample.kwargs]) if t.requires_grad]
+            if outs and leaves:
+                torch.autograd.grad(outs, leaves, [torch.ones_like(t) for t in outs], allow_unused=True)
+        torch.openreg.synchronize()
+    except Exception:
+        pass
+
+
+def _tensors(value) -> list:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def render(rules) -> str:
+    import torch
+
+    lines = [
+        "// Generated by scripts/generate_dtype_table.py from op_db of torch "
+        f"{torch.__version__.split('+')[0]}: do not edit.",
+        "// Each rule names the OpInfos it was derived from (Note [Dtype policy] in",
+        "// dtype_policy.h).",
+        "#pragma once",
+        "",
+        "#include <array>",
+        "",
+        "#include <c10/core/ScalarType.h>",
+        "",
+        "namespace openreg {",
+        "",
+        "// A kernel call of `op` whose dtype is `dtype` computes in `compute`, or is",
+        "// refused when `compute` is Undefined.",
+        "struct DtypeRule {",
+        "  const char* op;",
+        "  c10::ScalarType dtype;",
+        "  c10::ScalarType compute;",
+        "};",
+        "",
+        f"inline constexpr std::array<DtypeRule, {len(rules)}> kDtypeRules{{{{",
+    ]
+    for (name, dtype), (wide, labels) in sorted(rules.items()):
+        what = f"CUDA computes {dtype}" if wide else f"CUDA refuses {dtype}"
+        shown = ", ".join(sorted(labels)[:4]) + (", ..." if len(labels) > 4 else "")
+        lines.append(f"    // {what}: {shown}")
+        lines.append(f'    {{"{name}", c10::ScalarType::{dtype}, c10::ScalarType::{wide or "Undefined"}}},')
+    lines += ["}};", "", "} // namespace openreg", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="compare with cpp/dtype_table.h instead of writing it")
+    parser.add_argument("--report", action="store_true", help="print what the table does for each differing pair")
+    args = parser.parse_args()
+    if any(os.environ.get(k) != v for k, v in ENV.items()):
+        return in_recording_process(sys.argv[1:])
+    rules, outcomes = derive()
+    text = render(rules)
+    if args.report:
+        for (label, dtype), ops in sorted(outcomes["cuda_only"].items()):
+            print(f"CUDA-only {dtype:14} {label}: " + (f"computed wider in {', '.join(ops)}" if ops else "runs as it is"))
+        for (label, dtype), ops in sorted(outcomes["cpu_only"].items()):
+            print(f"CPU-only  {dtype:14} {label}: " + (f"refused at {', '.join(ops)}" if ops else "NOT REFUSED"))
+    refused = sum(1 for ops in outcomes["cpu_only"].values() if ops)
+    print(f"{len(rules)} rules; CPU-only pairs refused: {refused} of {len(outcomes['cpu_only'])}")
+    if args.check:
+        with open(TABLE) as f:
+            current = f.read()
+        if current != text:
+            sys.stdout.writelines(difflib.unified_diff(
+                current.splitlines(True), text.splitlines(True), "cpp/dtype_table.h", "regenerated"))
+            print("cpp/dtype_table.h is stale: run python3 scripts/generate_dtype_table.py")
+            return 1
+        print("cpp/dtype_table.h is up to date")
+        return 0
+    with open(TABLE, "w") as f:
+        f.write(text)
+    print(f"wrote {TABLE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
