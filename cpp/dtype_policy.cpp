@@ -22,10 +22,6 @@ using c10::ScalarType;
 
 constexpr size_t kDtypes = static_cast<size_t>(ScalarType::NumOptions);
 
-// One op's rules, by the call's dtype: nullopt runs the kernel as it is,
-// Undefined refuses the call, any other dtype is the one it computes in.
-using OpRules = std::array<std::optional<ScalarType>, kDtypes>;
-
 ffi::DtypePolicy policy() {
   static const ffi::DtypePolicy chosen = ffi::dtype_policy();
   return chosen;
@@ -321,24 +317,29 @@ void run_recorded(
   }
 }
 
-bool KernelRegistrar::checks_dtypes(const std::string& name) const {
-  return recording_dtypes() || (policy() == ffi::DtypePolicy::Cuda && rules_by_op().count(name) != 0);
+const OpRules* dtype_rules(const std::string& name) {
+  if (policy() != ffi::DtypePolicy::Cuda) {
+    return nullptr;
+  }
+  const auto found = rules_by_op().find(name);
+  return found == rules_by_op().end() ? nullptr : &found->second;
 }
 
-void KernelRegistrar::impl_checked(const std::string& name, c10::KernelFunction kernel) {
+c10::BoxedKernel dtype_checked(c10::KernelFunction kernel, const OpRules& rules) {
+  return c10::BoxedKernel::makeFromFunctor(std::make_unique<DtypeCheckedKernel>(std::move(kernel), rules));
+}
+
+void KernelRegistrar::impl_boxed(const std::string& name, c10::KernelFunction kernel) {
   if (recording_dtypes()) {
     aten_.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<RecordingKernel>(kernel)));
   } else {
-    aten_.impl(
-        name.c_str(),
-        torch::CppFunction::makeFromBoxedFunctor(
-            std::make_unique<DtypeCheckedKernel>(std::move(kernel), rules_by_op().at(name))));
+    aten_.impl(name.c_str(), torch::CppFunction::makeFromBoxedKernel(dtype_checked(std::move(kernel), *dtype_rules(name))));
   }
 }
 
 void KernelRegistrar::fallback(const std::string& name) {
-  if (checks_dtypes(name)) {
-    impl_checked(name, fallback_kernel());
+  if (recording_dtypes() || dtype_rules(name) != nullptr) {
+    impl_boxed(name, fallback_kernel());
   } else {
     aten_.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_fallback>());
   }

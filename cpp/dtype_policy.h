@@ -27,13 +27,84 @@
 // widened (its result must alias its argument).
 #pragma once
 
+#include <array>
+#include <optional>
 #include <string>
 #include <unordered_set>
 
+#include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 namespace openreg {
+
+// One op's rules, by the call's dtype: nullopt runs the kernel as it is,
+// Undefined refuses the call, any other dtype is the one it computes in.
+using OpRules = std::array<std::optional<c10::ScalarType>, static_cast<size_t>(c10::ScalarType::NumOptions)>;
+
+// The table's rules for `name` ("mm.out"); null when it has none or the
+// policy is not OPENREG_DTYPES=cuda.
+const OpRules* dtype_rules(const std::string& name);
+
+// `kernel` behind the dtype check of `rules`, as a boxed kernel.
+c10::BoxedKernel dtype_checked(c10::KernelFunction kernel, const OpRules& rules);
+
+bool recording_dtypes();
+
+// An explicit (unboxed) kernel of an op the table names, checked without
+// boxing: the call's dtype is its first Tensor parameter's, and only a call
+// with a rule goes through the boxed check (div.Tensor stays an unboxed call
+// for every dtype but complex32).
+template <class FuncPtr>
+class UnboxedDtypeCheck;
+
+template <class Ret, class... Args, Ret (*kernel)(Args...)>
+class UnboxedDtypeCheck<c10::CompileTimeFunctionPointer<Ret(Args...), kernel>> {
+ public:
+  static void arm(const char* name, const OpRules& rules) {
+    const std::string text(name);
+    const size_t dot = text.find('.');
+    State& s = state();
+    s.op = c10::Dispatcher::singleton().findSchemaOrThrow(
+        ("aten::" + text.substr(0, dot)).c_str(), dot == std::string::npos ? "" : text.substr(dot + 1).c_str());
+    s.rules = rules;
+    s.checked = dtype_checked(c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(kernel)), rules);
+  }
+
+  static Ret call(Args... args) {
+    std::optional<c10::ScalarType> dtype;
+    (note_dtype(dtype, args), ...);
+    const State& s = state();
+    if (!dtype || !s.rules[static_cast<size_t>(*dtype)]) {
+      return kernel(std::forward<Args>(args)...);
+    }
+    return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
+        s.checked, *s.op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), std::forward<Args>(args)...);
+  }
+
+ private:
+  struct State {
+    std::optional<c10::OperatorHandle> op;
+    OpRules rules{};
+    c10::BoxedKernel checked;
+  };
+
+  // A function's static, made at its first use: arm() runs while the library
+  // loads, when a static data member of a template may not be constructed yet.
+  static State& state() {
+    static State s;
+    return s;
+  }
+
+  template <class T>
+  static void note_dtype(std::optional<c10::ScalarType>& dtype, const T& arg) {
+    if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+      if (!dtype && arg.defined()) {
+        dtype = arg.scalar_type();
+      }
+    }
+  }
+};
 
 // Registers openreg's PrivateUse1 kernels for aten ops, each through the
 // dtype policy (see the Note).
@@ -41,11 +112,16 @@ class KernelRegistrar {
  public:
   explicit KernelRegistrar(torch::Library& aten) : aten_(aten) {}
 
-  // `name` ("add.Tensor") runs `kernel` (TORCH_FN(...)).
+  // `name` ("add.Tensor") runs `kernel` (TORCH_FN(...)), whose first tensor
+  // parameter is the op's first tensor argument.
   template <typename FuncPtr>
   void impl(const char* name, FuncPtr kernel) {
-    if (checks_dtypes(name)) {
-      impl_checked(name, c10::KernelFunction::makeFromUnboxedFunction(kernel));
+    if (recording_dtypes()) {
+      impl_boxed(name, c10::KernelFunction::makeFromUnboxedFunction(kernel));
+    } else if (const OpRules* rules = dtype_rules(name)) {
+      using Check = UnboxedDtypeCheck<FuncPtr>;
+      Check::arm(name, *rules);
+      aten_.impl(name, c10::CompileTimeFunctionPointer<typename FuncPtr::FuncType, &Check::call>());
     } else {
       aten_.impl(name, kernel);
     }
@@ -65,8 +141,9 @@ class KernelRegistrar {
   void finish();
 
  private:
-  bool checks_dtypes(const std::string& name) const;
-  void impl_checked(const std::string& name, c10::KernelFunction kernel);
+  // `kernel` registered boxed: recording under OPENREG_DTYPES=record,
+  // checked under the table's rules otherwise.
+  void impl_boxed(const std::string& name, c10::KernelFunction kernel);
 
   torch::Library& aten_;
   std::unordered_set<std::string> registered_;
@@ -74,7 +151,6 @@ class KernelRegistrar {
 
 // OPENREG_DTYPES=record: the backend fallback runs through `run_recorded`
 // (see the Note).
-bool recording_dtypes();
 void run_recorded(
     const c10::KernelFunction& kernel,
     const c10::OperatorHandle& op,
