@@ -68,27 +68,22 @@ FIGURES = [
 # ---- what a child process measures -----------------------------------------
 
 
-def _per_call(fn, repeat: int, batches: int = 9, sync=None) -> float:
-    """Median over batches of the per-call seconds of `fn` (after warm-up)."""
-    sync = sync or (lambda: None)
-    for _ in range(3):
-        fn()
-    sync()
-    times = []
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        sync()
-        times.append((time.perf_counter() - t0) / repeat)
-    return statistics.median(times)
+def _benches():
+    """The sibling modules whose timing rule and models a child reuses."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_models
+    import timing
+
+    return timing, bench_models
+
+
+def _per_call(fn, repeat: int, device: str = "cpu") -> float:
+    """benches/timing.py's median per-call seconds, over 9 batches."""
+    return _benches()[0].median_seconds(fn, repeat, batches=9, device=device)
 
 
 def _timed(device: str, make: Callable, repeat: int) -> float:
-    import torch
-
-    sync = torch.openreg.synchronize if device == "openreg" else None
-    return _per_call(make(device), repeat, sync=sync)
+    return _per_call(make(device), repeat, device)
 
 
 def add_4m(device):
@@ -111,19 +106,6 @@ def randn_1m(device):
     return _timed(device, lambda d: (lambda: torch.randn(1 << 20, device=d)), 20)
 
 
-def _train_step(model, x, y, loss):
-    import torch
-
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-    def step():
-        opt.zero_grad()
-        loss(model(x), y).backward()
-        opt.step()
-
-    return step
-
-
 def _mlp(device):
     import torch
     import torch.nn as nn
@@ -132,7 +114,7 @@ def _mlp(device):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256))
     x, y = torch.randn(64, 256), torch.randint(0, 256, (64,))
-    return _train_step(model.to(device), x.to(device), y.to(device), F.cross_entropy)
+    return _benches()[1].train_step(model.to(device), x.to(device), y.to(device), F.cross_entropy)
 
 
 def mlp_step(device):
@@ -140,17 +122,11 @@ def mlp_step(device):
 
 
 def cnn_step(device):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import bench_models
-
-    return _timed(device, bench_models.cnn, 10)
+    return _timed(device, _benches()[1].cnn, 10)
 
 
 def transformer_step(device):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import bench_models
-
-    return _timed(device, bench_models.transformer, 10)
+    return _timed(device, _benches()[1].transformer, 10)
 
 
 def cpu_after_openreg(_device):

@@ -43,10 +43,9 @@ const std::unordered_map<std::string, OpRules>& rules_by_op() {
 
 // The call's dtype: its first tensor argument's (a factory's: none).
 std::optional<ScalarType> dispatch_dtype(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  const size_t count = op.schema().arguments().size();
-  for (size_t i = stack.size() - count; i < stack.size(); ++i) {
+  for (const c10::IValue& argument : arguments_of(op, stack)) {
     std::optional<ScalarType> dtype;
-    for_each_tensor(stack[i], [&](const at::Tensor& t) {
+    for_each_tensor(argument, [&](const at::Tensor& t) {
       if (!dtype) {
         dtype = t.scalar_type();
       }
@@ -343,7 +342,6 @@ void KernelRegistrar::fallback(const std::string& name) {
   } else {
     aten_.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_fallback>());
   }
-  registered_.insert(name);
 }
 
 void KernelRegistrar::finish() {
@@ -351,10 +349,16 @@ void KernelRegistrar::finish() {
     return;
   }
   for (const auto& [name, rules] : rules_by_op()) {
-    if (!registered(name)) {
-      fallback(name);
+    if (!aten_op(name).hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      fallback(name); // served by the backend fallback until now
     }
   }
+}
+
+c10::OperatorHandle aten_op(const std::string& name) {
+  const size_t dot = name.find('.');
+  return c10::Dispatcher::singleton().findSchemaOrThrow(
+      ("aten::" + name.substr(0, dot)).c_str(), dot == std::string::npos ? "" : name.substr(dot + 1).c_str());
 }
 
 } // namespace openreg

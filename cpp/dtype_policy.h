@@ -30,7 +30,6 @@
 #include <array>
 #include <optional>
 #include <string>
-#include <unordered_set>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -51,6 +50,9 @@ c10::BoxedKernel dtype_checked(c10::KernelFunction kernel, const OpRules& rules)
 
 bool recording_dtypes();
 
+// The aten op `name` ("mm.out") names.
+c10::OperatorHandle aten_op(const std::string& name);
+
 // An explicit (unboxed) kernel of an op the table names, checked without
 // boxing: the call's dtype is its first Tensor parameter's, and only a call
 // with a rule goes through the boxed check (div.Tensor stays an unboxed call
@@ -62,11 +64,8 @@ template <class Ret, class... Args, Ret (*kernel)(Args...)>
 class UnboxedDtypeCheck<c10::CompileTimeFunctionPointer<Ret(Args...), kernel>> {
  public:
   static void arm(const char* name, const OpRules& rules) {
-    const std::string text(name);
-    const size_t dot = text.find('.');
     State& s = state();
-    s.op = c10::Dispatcher::singleton().findSchemaOrThrow(
-        ("aten::" + text.substr(0, dot)).c_str(), dot == std::string::npos ? "" : text.substr(dot + 1).c_str());
+    s.op = aten_op(name);
     s.rules = rules;
     s.checked = dtype_checked(c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(kernel)), rules);
   }
@@ -125,19 +124,13 @@ class KernelRegistrar {
     } else {
       aten_.impl(name, kernel);
     }
-    registered_.insert(name);
   }
 
   // `name` runs the boxed fallback (cpp/fallback.cpp).
   void fallback(const std::string& name);
 
-  // Whether `name` has been given a kernel here.
-  bool registered(const std::string& name) const {
-    return registered_.count(name) != 0;
-  }
-
-  // Last: every op of the table not registered by now runs the fallback,
-  // through the policy.
+  // Last: every op of the table that has no openreg kernel by now (the
+  // backend fallback serves it) runs the fallback through the policy.
   void finish();
 
  private:
@@ -146,7 +139,6 @@ class KernelRegistrar {
   void impl_boxed(const std::string& name, c10::KernelFunction kernel);
 
   torch::Library& aten_;
-  std::unordered_set<std::string> registered_;
 };
 
 // OPENREG_DTYPES=record: the backend fallback runs through `run_recorded`

@@ -85,12 +85,6 @@ bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && a.strides() == b.strides() && a.storage_offset() == b.storage_offset();
 }
 
-// The arguments of a boxed call on `stack`.
-c10::ArrayRef<c10::IValue> arguments_of(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  const size_t count = op.schema().arguments().size();
-  return c10::ArrayRef<c10::IValue>(stack.data() + stack.size() - count, count);
-}
-
 // The whole storage of a nested tensor, as a 1-D dense tensor of its dtype.
 at::Tensor nested_buffer(const at::Tensor& nested) {
   return at::native::get_nested_tensor_impl(nested)->get_unsafe_storage_as_tensor();

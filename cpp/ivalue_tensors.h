@@ -3,10 +3,17 @@
 // the fallback and its result planning.
 #pragma once
 
-#include <ATen/core/ivalue.h>
 #include <ATen/core/List.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
 
 namespace openreg {
+
+// The arguments of a boxed call of `op` on `stack`.
+inline c10::ArrayRef<c10::IValue> arguments_of(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const size_t count = op.schema().arguments().size();
+  return c10::ArrayRef<c10::IValue>(stack.data() + stack.size() - count, count);
+}
 
 // Whether `value` is a Tensor?[] list: isOptionalTensorList() compares type
 // pointers, and a list TorchScript builds (prim::ListConstruct of

@@ -290,7 +290,7 @@ def cpu_reference(op, sample, dtype):
         present = set()
         map_tensors(host, lambda t: present.add(t.dtype))
         inp, args, kwargs = map_tensors(host, widen)
-        kwargs = {k: (wide if v == dtype else v) for k, v in kwargs.items()}
+        kwargs = {k: (wide if isinstance(v, torch.dtype) and v == dtype else v) for k, v in kwargs.items()}
         try:
             out = op(inp, *args, **kwargs)
         except Exception as e:
