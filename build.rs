@@ -15,23 +15,35 @@ struct Torch {
 fn find_torch() -> Torch {
     if let Ok(dir) = std::env::var("OPENREG_TORCH_DIR") {
         let cxx11_abi = std::env::var("OPENREG_TORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
-        return Torch { dir: dir.into(), cxx11_abi };
+        return Torch {
+            dir: dir.into(),
+            cxx11_abi,
+        };
     }
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let script = "import os, torch; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI))";
     // Without autoload: an installed torch_openreg (this very library, maybe
     // mid-rebuild) must not be loaded to find the torch it builds against.
-    let output = Command::new(&python).args(["-c", script]).env("TORCH_DEVICE_BACKEND_AUTOLOAD", "0").output();
+    let output = Command::new(&python)
+        .args(["-c", script])
+        .env("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+        .output();
     match output {
         Ok(out) if out.status.success() => {
             let text = String::from_utf8_lossy(&out.stdout);
             let mut lines = text.lines().filter(|l| !l.is_empty());
             match (lines.next(), lines.next()) {
-                (Some(dir), Some(abi)) => Torch { dir: dir.trim().into(), cxx11_abi: abi.trim().into() },
+                (Some(dir), Some(abi)) => Torch {
+                    dir: dir.trim().into(),
+                    cxx11_abi: abi.trim().into(),
+                },
                 _ => fail(&format!("`{python}` printed no torch location: {text}")),
             }
         }
-        Ok(out) => fail(&format!("`{python} -c 'import torch'` failed: {}", String::from_utf8_lossy(&out.stderr))),
+        Ok(out) => fail(&format!(
+            "`{python} -c 'import torch'` failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )),
         Err(e) => fail(&format!("cannot run `{python}`: {e}")),
     }
 }
@@ -62,6 +74,7 @@ fn main() {
         "cpp/device_memory.cpp",
         "cpp/ops.cpp",
         "cpp/fallback.cpp",
+        "cpp/kernel_split.cpp",
         "cpp/dtype_policy.cpp",
         "cpp/meta_results.cpp",
         "cpp/convolution.cpp",
@@ -104,7 +117,21 @@ fn main() {
     // inside the library (no PLT hop) — they are on the device-guard hot path.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
 
-    for path in sources.iter().chain(&["cpp/shim.h", "cpp/checked.h", "cpp/backend.h", "cpp/device_memory.h", "cpp/meta_results.h", "cpp/dtype_policy.h", "cpp/dtype_table.h", "cpp/ivalue_tensors.h", "cpp/generator.h", "cpp/graph_kernels.h", "cpp/memory_generation.h", "cpp/current_device.h", "src/ffi.rs"]) {
+    for path in sources.iter().chain(&[
+        "cpp/shim.h",
+        "cpp/checked.h",
+        "cpp/backend.h",
+        "cpp/device_memory.h",
+        "cpp/meta_results.h",
+        "cpp/dtype_policy.h",
+        "cpp/dtype_table.h",
+        "cpp/ivalue_tensors.h",
+        "cpp/generator.h",
+        "cpp/graph_kernels.h",
+        "cpp/memory_generation.h",
+        "cpp/current_device.h",
+        "src/ffi.rs",
+    ]) {
         println!("cargo:rerun-if-changed={path}");
     }
     for var in ["OPENREG_TORCH_DIR", "OPENREG_TORCH_CXX11_ABI", "PYTHON"] {

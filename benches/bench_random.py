@@ -29,7 +29,7 @@ def seed_case(device):
 
 
 def main() -> None:
-    print(f"threads: torch {torch.get_num_threads()}, openreg options {torch.openreg.options()['OPENREG_RANDOM_THREADS']['value']} (0: all cores)")
+    print(f"threads: torch {torch.get_num_threads()}, openreg kernel threads {torch.openreg.options()['OPENREG_KERNEL_THREADS']['value']} (0: all cores)")
     names, cases = [], []
     for name, fill in [("randn", torch.randn), ("rand", torch.rand)]:
         for dtype in (torch.float32, torch.float64):

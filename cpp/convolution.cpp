@@ -11,6 +11,7 @@
 
 #include "torch_openreg/cpp/device_memory.h"
 #include "torch_openreg/cpp/dtype_policy.h"
+#include "torch_openreg/cpp/kernel_split.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 namespace openreg {
@@ -28,6 +29,17 @@ void check_same_device(const at::Tensor& input, const at::Tensor& t, const char*
 // gives for `input`.
 at::Tensor empty_result(const at::Tensor& input, c10::IntArrayRef sizes, const at::Tensor& like_format) {
   return empty_on_current_device(sizes, input.scalar_type(), like_format.suggest_memory_format());
+}
+
+// A convolution's chunks: ranges of the batch, by its multiply-adds
+// (Note [Split kernels] in kernel_split.h).
+RowRanges batch_ranges(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& out) {
+  if (input.dim() < 3 || input.size(0) != out.size(0)) {
+    return RowRanges();
+  }
+  // Each output element takes weight.numel() / out channels multiply-adds.
+  const int64_t out_channels = std::max<int64_t>(out.size(1), 1);
+  return RowRanges(input.size(0), out.numel() * (weight.numel() / out_channels) / 32);
 }
 
 std::optional<at::Tensor> optional_operand(const std::optional<at::Tensor>& t) {
@@ -57,8 +69,11 @@ at::Tensor convolution(
       input.device().index(),
       [out = kernel_operand(out), input = kernel_operand(input), weight = kernel_operand(weight),
        bias = optional_operand(bias), stride = stride.vec(), padding = padding.vec(), dilation = dilation.vec(),
-       transposed, output_padding = output_padding.vec(), groups] {
-        out.copy_(at::convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups));
+       transposed, output_padding = output_padding.vec(), groups, batch = batch_ranges(input, weight, out)] {
+        run_chunks(batch.count(), [&](size_t i) {
+          batch.narrow(out, 0, i).copy_(at::convolution(
+              batch.narrow(input, 0, i), weight, bias, stride, padding, dilation, transposed, output_padding, groups));
+        });
       },
       launch_mode_for(out.numel()),
       KernelInfo("aten::convolution", {input, weight, bias.value_or(at::Tensor())}, {out}));
@@ -90,15 +105,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
        grad_bias = kernel_operand(grad_bias), grad_output = kernel_operand(grad_output),
        input = kernel_operand(input), weight = kernel_operand(weight), channels, stride = stride.vec(),
        padding = padding.vec(), dilation = dilation.vec(), transposed, output_padding = output_padding.vec(), groups,
-       output_mask] {
-        auto [gi, gw, gb] = at::convolution_backward(
-            grad_output, input, weight, std::vector<int64_t>{channels}, stride, padding, dilation, transposed,
-            output_padding, groups, output_mask);
-        for (auto [dst, src] : {std::pair{grad_input, gi}, std::pair{grad_weight, gw}, std::pair{grad_bias, gb}}) {
-          if (dst.defined()) {
-            dst.copy_(src);
+       output_mask, batch = output_mask[0] ? batch_ranges(input, weight, grad_output) : RowRanges()] {
+        // Split: chunks of grad_input by batch, then one chunk for the
+        // weight and bias gradients (a sum over the whole batch).
+        const size_t input_chunks = batch.split() ? batch.count() : 0;
+        run_chunks(input_chunks + 1, [&](size_t i) {
+          const bool whole = i == input_chunks;
+          std::array<bool, 3> mask = output_mask;
+          if (batch.split()) {
+            mask = whole ? std::array<bool, 3>{false, output_mask[1], output_mask[2]} : std::array<bool, 3>{true, false, false};
           }
-        }
+          if (!mask[0] && !mask[1] && !mask[2]) {
+            return;
+          }
+          const auto rows = [&](const at::Tensor& t) { return whole ? t : batch.narrow(t, 0, i); };
+          auto [gi, gw, gb] = at::convolution_backward(
+              rows(grad_output), rows(input), weight, std::vector<int64_t>{channels}, stride, padding, dilation,
+              transposed, output_padding, groups, mask);
+          const at::Tensor gi_dst = mask[0] ? rows(grad_input) : at::Tensor();
+          const at::Tensor gw_dst = mask[1] ? grad_weight : at::Tensor();
+          const at::Tensor gb_dst = mask[2] ? grad_bias : at::Tensor();
+          for (auto [dst, src] : {std::pair{gi_dst, gi}, std::pair{gw_dst, gw}, std::pair{gb_dst, gb}}) {
+            if (dst.defined()) {
+              dst.copy_(src);
+            }
+          }
+        });
       },
       launch_mode_for(input.numel()),
       KernelInfo(

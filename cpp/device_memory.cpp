@@ -130,7 +130,7 @@ void grow_device_storage(const c10::Storage& storage, size_t min_bytes) {
 }
 
 KernelThreads::KernelThreads() {
-  static const int team = static_cast<int>(ffi::kernel_threads());
+  constexpr int team = 1;
   if (omp_get_max_threads == nullptr || omp_set_num_threads == nullptr) {
     return;
   }

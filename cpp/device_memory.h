@@ -104,9 +104,8 @@ class DeviceAccess {
 // a stream computes like one core, streams run side by side, and a kernel's
 // rounding (a reduction's split) never depends on which thread ran it, so
 // results are the same run after run whether a kernel ran inline or queued.
-// OPENREG_KERNEL_THREADS sets another team size, for every kernel alike: a
-// process that does little CPU work of its own may trade that for faster
-// large kernels (add of 4M floats: 1.9x CPU with 1, see benches/).
+// A large kernel uses the other cores by splitting itself into chunks, each
+// such a single-threaded kernel (Note [Split kernels] in kernel_split.h).
 class KernelThreads {
  public:
   KernelThreads();
@@ -244,6 +243,9 @@ class CollectedWarnings final : public c10::WarningHandler {
     for (const c10::Warning& warning : warnings_) {
       c10::warn(warning);
     }
+    return !warnings_.empty();
+  }
+  bool any() const {
     return !warnings_.empty();
   }
 

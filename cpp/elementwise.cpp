@@ -18,6 +18,7 @@
 #include "torch_openreg/cpp/device_memory.h"
 #include "torch_openreg/cpp/dtype_policy.h"
 #include "torch_openreg/cpp/graph_kernels.h"
+#include "torch_openreg/cpp/kernel_split.h"
 
 namespace openreg {
 namespace {
@@ -40,9 +41,10 @@ at::Tensor operand(const at::Tensor& t, size_t slot) {
   return t.is_privateuseone() ? scratch_cpu_view(t, slot) : t;
 }
 
-// Allocates the broadcast result and queues `compute(out_view, a_view, b_view)`
-// (a raw loop for `kind` instead when a graph captures it: Note [Graph
-// kernels] in graph_kernels.h).
+// Allocates the broadcast result and queues `compute(out_view, a_view, b_view)`,
+// in chunks when large (Note [Split kernels] in kernel_split.h; a raw loop
+// for `kind` instead when a graph captures it: Note [Graph kernels] in
+// graph_kernels.h).
 template <typename Compute>
 at::Tensor binary(
     const at::Tensor& self,
@@ -56,12 +58,16 @@ at::Tensor binary(
   c10::DeviceGuard guard(device);
   at::Tensor out = empty_on_current_device(at::infer_size_dimvector(self.sizes(), other.sizes()), dtype);
   const auto accesses = [&] { return KernelInfo(op, {self, other}, {out}); };
+  const PointwiseSplit split(out.sizes());
+  const auto compute_split = [split, compute](const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+    run_chunks(split.chunks(), [&](size_t i) {
+      at::Tensor out_part = split.part(out, i);
+      compute(out_part, split.part(a, i), split.part(b, i));
+    });
+  };
   if (!run_inline(
           device.index(), out.numel(),
-          [&] {
-            at::Tensor out_view = scratch_cpu_view(out, 0);
-            compute(out_view, operand(self, 1), operand(other, 2));
-          },
+          [&] { compute_split(scratch_cpu_view(out, 0), operand(self, 1), operand(other, 2)); },
           op, accesses)) {
     const bool capturing = kind && checked([&] { return ffi::is_current_stream_capturing(device.index()); });
     if (std::function<void()> raw = capturing ? raw_binary_kernel(*kind, out, self, other, alpha) : nullptr) {
@@ -70,8 +76,8 @@ at::Tensor binary(
     }
     queue_kernel(
         device.index(),
-        [compute, out = kernel_operand(out), a = kernel_operand(self), b = kernel_operand(other)]() mutable {
-          compute(out, a, b);
+        [compute_split, out = kernel_operand(out), a = kernel_operand(self), b = kernel_operand(other)] {
+          compute_split(out, a, b);
         },
         ffi::LaunchMode::Queue,
         accesses());

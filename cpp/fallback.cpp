@@ -13,14 +13,19 @@
 //     argument, or the (possibly resized) out= argument itself. Fresh
 //     results and grown out= storage are allocated now, in stream order; a
 //     kernel that runs the CPU kernel on views and copies fresh results into
-//     place is queued, and the call returns at once.
+//     place is queued, and the call returns at once. A large kernel runs
+//     in chunks (Note [Split kernels] in kernel_split.h); a call that
+//     splits never takes route 1, so its bits never depend on the route.
 //     While the stream captures a graph, a plan not yet checked is used
 //     as it is (the capture cannot run the op to check it; each replay's
 //     kernel still checks the shapes it computed against it).
 //  3. Waited: otherwise, when the results cannot be known without
 //     running the op (no Meta kernel; a data-dependent shape, as nonzero's;
 //     a non-tensor result; a generator argument, whose state must advance
-//     at the call), or the first time a plan is made (the run checks it).
+//     at the call), or the first time a plan is made while the stream is
+//     idle (the run checks it; behind queued work, or for a split kernel,
+//     route 2 takes the plan and its kernel checks it: Note [Plans checked
+//     by the kernel]).
 //     The CPU kernel runs as the stream's next work and the host waits for
 //     it, as CUDA waits for nonzero.
 // After routes 1 and 3 the CPU kernel's results are on the host: results
@@ -68,6 +73,7 @@
 #include "torch_openreg/cpp/dtype_policy.h"
 #include "torch_openreg/cpp/graph_kernels.h"
 #include "torch_openreg/cpp/ivalue_tensors.h"
+#include "torch_openreg/cpp/kernel_split.h"
 #include "torch_openreg/cpp/meta_results.h"
 #include "torch_openreg/src/ffi.rs.h"
 
@@ -397,7 +403,9 @@ class Call {
 // which type promotion reads).
 at::Tensor host_copy(const at::Tensor& t) {
   at::Tensor copy = t.clone();
-  copy.unsafeGetTensorImpl()->set_wrapped_number(t.unsafeGetTensorImpl()->is_wrapped_number());
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+    copy.unsafeGetTensorImpl()->set_wrapped_number(true);
+  }
   return copy;
 }
 
@@ -420,17 +428,122 @@ void fill_planned_results(
       if (got[j].data_ptr() == want[j].data_ptr() && same_geometry(got[j], want[j])) {
         continue;
       }
-      TORCH_CHECK(got[j].sizes() == want[j].sizes(), "openreg fallback: ", op.operator_name(),
-                  " computed a result of shape ", got[j].sizes(), " where its Meta kernel said ", want[j].sizes());
+      TORCH_CHECK(got[j].sizes() == want[j].sizes() && got[j].scalar_type() == want[j].scalar_type(),
+                  "openreg fallback: ", op.operator_name(), " computed a ", got[j].scalar_type(), " result of shape ",
+                  got[j].sizes(), " where its Meta kernel said ", want[j].scalar_type(), " ", want[j].sizes());
       want[j].copy_(got[j]);
     }
   }
 }
 
-// Route 2 (see the Note) with the planned results.
-void queue_with_planned_results(Call& call, c10::Device device, PlannedResults& planned) {
+// Whether some result views an argument's memory without being the
+// argument itself (a split kernel fills only results it may narrow).
+bool results_view_arguments(c10::ArrayRef<c10::IValue> arguments, const torch::jit::Stack& results) {
+  std::vector<at::Tensor> argument_tensors;
+  for (const c10::IValue& value : arguments) {
+    for_each_tensor(value, [&](const at::Tensor& t) { argument_tensors.push_back(t); });
+  }
+  bool views = false;
+  for (const c10::IValue& value : results) {
+    for_each_tensor(value, [&](const at::Tensor& r) {
+      for (const at::Tensor& a : argument_tensors) {
+        views |= r.unsafeGetTensorImpl() != a.unsafeGetTensorImpl() && r.has_storage() && a.has_storage() &&
+            r.storage().is_alias_of(a.storage());
+      }
+    });
+  }
+  return views;
+}
+
+// Note [Plans checked by the kernel]: a plan not yet checked (route 2 of
+// Note [Fallback], when the stream is busy or the kernel is split) is
+// checked where the kernel runs: the CPU kernel's results must have the
+// planned dtypes and shapes (and views the planned geometry) before they are
+// written where the plan put them. A mismatch fails the kernel, which the
+// next synchronizing call reports (Note [Sticky kernel failures] in
+// src/stream.rs) with the op's name; the plan is then dropped and the op's
+// later new plans are checked where the host waits. A kernel that warns
+// marks its plan unusable too, so that later calls raise their warnings on
+// the caller's thread (Note [Kernel warnings]); this first call's warnings
+// go to the worker's handler.
+class QueuedKernel {
+ public:
+  QueuedKernel(c10::OperatorHandle op, torch::jit::Stack arguments, torch::jit::Stack destinations, CallSplit split,
+               std::shared_ptr<PlanToCheck> check)
+      : op_(std::move(op)),
+        arguments_(std::move(arguments)),
+        destinations_(std::move(destinations)),
+        split_(std::move(split)),
+        check_(std::move(check)) {}
+
+  void operator()() const {
+    if (!check_) {
+      compute(nullptr);
+      return;
+    }
+    CollectedWarnings warnings;
+    bool usable = false;
+    {
+      c10::WarningUtils::WarningHandlerGuard collect(&warnings);
+      try {
+        usable = compute(&warnings);
+      } catch (...) {
+        settle_plan(*check_, false);
+        throw;
+      }
+    }
+    warnings.raise_here();
+    TORCH_CHECK(usable, "openreg fallback: ", op_.operator_name(),
+                " computed results other than its Meta kernel planned (dtype, shape or view); this call's results "
+                "are not valid, and its later calls wait for the CPU kernel");
+  }
+
+ private:
+  // Runs the CPU kernel (in chunks when split) and fills the results; with
+  // a plan to check, checks it first and settles it (`warnings`: what the
+  // kernel raised so far). False if the plan did not match.
+  bool compute(const CollectedWarnings* warnings) const {
+    if (split_.split()) {
+      // Each chunk's results are checked as they fill the planned ones.
+      run_chunks(split_.chunks(), [&](size_t i) {
+        torch::jit::Stack stack = split_.arguments_part(arguments_, i);
+        op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+        fill_planned_results(op_, stack, split_.results_part(destinations_, i));
+      });
+      if (check_) {
+        settle_plan(*check_, !warnings->any());
+      }
+      return true;
+    }
+    torch::jit::Stack stack = arguments_; // a kernel may run again (graph replay)
+    op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+    if (check_ && !check_plan(*check_, stack, warnings->any())) {
+      return false;
+    }
+    fill_planned_results(op_, stack, destinations_);
+    return true;
+  }
+
+  c10::OperatorHandle op_;
+  torch::jit::Stack arguments_;
+  torch::jit::Stack destinations_;
+  CallSplit split_;
+  std::shared_ptr<PlanToCheck> check_;
+};
+
+// Route 2 (see the Note) with the planned results; `check`: the plan's
+// check, for a plan used unchecked (Note [Plans checked by the kernel]).
+void queue_with_planned_results(
+    Call& call,
+    c10::Device device,
+    PlannedResults& planned,
+    CallSplit split,
+    std::shared_ptr<PlanToCheck> check) {
   torch::jit::Stack& results = planned.results;
-  if (call.op.schema().is_mutable() || planned.any_fresh) {
+  if (call.op.schema().is_mutable() || planned.any_fresh || check) {
+    if (split.split() && (!split.fits_results(results) || results_view_arguments(call.arguments(), results))) {
+      split = CallSplit();
+    }
     torch::jit::Stack arguments(call.stack.begin() + call.first_arg, call.stack.end());
     for (c10::IValue& value : arguments) {
       retarget_device(value, c10::kCPU);
@@ -444,13 +557,8 @@ void queue_with_planned_results(Call& call, c10::Device device, PlannedResults& 
     }
     queue_kernel(
         device.index(),
-        [op = call.op, arguments = std::move(arguments), destinations = std::move(destinations)] {
-          torch::jit::Stack stack = arguments; // a kernel may run again (graph replay)
-          op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
-          fill_planned_results(op, stack, destinations);
-        },
-        ffi::LaunchMode::Queue,
-        std::move(info));
+        QueuedKernel(call.op, std::move(arguments), std::move(destinations), std::move(split), std::move(check)),
+        ffi::LaunchMode::Queue, std::move(info));
   }
   call.stack.erase(call.stack.begin() + call.first_arg, call.stack.end());
   call.stack.insert(call.stack.end(), results.begin(), results.end());
@@ -507,7 +615,10 @@ void run_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool quan
   c10::DeviceGuard guard(device);
   const char* name = op.schema().name().c_str();
   const auto accesses = [&call] { return call.accesses(); };
-  if (run_inline(device.index(), call.largest_operand(), [&] { call.run_cpu_kernel_on_views(); }, name, accesses)) {
+  // A split call always runs its split kernel (route 2), never another.
+  const CallSplit split = call.has_wrapped_tensors() ? CallSplit() : CallSplit(op, call.arguments());
+  if (!split.split() &&
+      run_inline(device.index(), call.largest_operand(), [&] { call.run_cpu_kernel_on_views(); }, name, accesses)) {
     if (ffi::stream_has_parked_failure(device.index()) && results_depend_on_data(op)) {
       // As a waited call would (Note [Sticky kernel failures] in src/stream.rs).
       checked([&] { ffi::report_stream_failure(device.index()); });
@@ -521,8 +632,18 @@ void run_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool quan
   }
   PlanLookup lookup =
       call.has_wrapped_tensors() ? PlanLookup() : plan_results(op, call.arguments(), device, /*accept_unchecked=*/capturing);
+  if (!lookup.planned && lookup.to_check && may_use_unchecked(op) &&
+      (split.split() || !checked([&] { return ffi::current_stream_idle(device.index()); }))) {
+    // Note [Plans checked by the kernel]: no host wait for the check.
+    std::shared_ptr<PlanToCheck> check = std::move(lookup.to_check);
+    lookup = plan_results(op, call.arguments(), device, /*accept_unchecked=*/true);
+    if (lookup.planned) {
+      queue_with_planned_results(call, device, *lookup.planned, split, std::move(check));
+      return;
+    }
+  }
   if (lookup.planned) {
-    queue_with_planned_results(call, device, *lookup.planned);
+    queue_with_planned_results(call, device, *lookup.planned, split, nullptr);
     return;
   }
   // A plan's first check is the runtime's own wait, not reported (empty).

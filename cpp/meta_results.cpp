@@ -318,6 +318,7 @@ std::optional<Plan> plan_with_meta_kernel(const c10::OperatorHandle& op, c10::Ar
 struct PlanToCheck {
   Key key;
   Plan plan;
+  c10::OperatorName op;
 };
 
 namespace {
@@ -354,7 +355,7 @@ class PlanCache {
           return found->second.first;
         }
         if (found->second.second == State::Unchecked) {
-          to_check = std::make_shared<PlanToCheck>(PlanToCheck{std::move(key), found->second.first});
+          to_check = std::make_shared<PlanToCheck>(PlanToCheck{std::move(key), found->second.first, op.operator_name()});
         }
         return std::nullopt;
       }
@@ -365,7 +366,7 @@ class PlanCache {
       plans_.clear();
     }
     if (planned) {
-      to_check = std::make_shared<PlanToCheck>(PlanToCheck{key, *planned});
+      to_check = std::make_shared<PlanToCheck>(PlanToCheck{key, *planned, op.operator_name()});
     }
     plans_.emplace(std::move(key), std::make_pair(planned.value_or(Plan()), planned ? State::Unchecked : State::Unusable));
     if (planned && accept_unchecked) {
@@ -392,11 +393,32 @@ class PlanCache {
     }
   }
 
+  // An op whose Meta kernel planned what its CPU kernel did not compute.
+  void disagreed(const c10::OperatorName& op) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    disagreeing_.insert(op.name);
+  }
+
+  bool agrees(const c10::OperatorName& op) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return disagreeing_.count(op.name) == 0;
+  }
+
  private:
   static constexpr size_t kMaxPlans = 16384;
   std::mutex mutex_;
   std::unordered_map<const c10::FunctionSchema*, bool> plannable_;
   std::unordered_map<Key, std::pair<Plan, State>, KeyHash> plans_;
+  // Known to disagree (found by the op_db sweep behind queued work): the
+  // batch norms' Meta kernels size the saved statistics of eval mode as
+  // training mode's, where the CPU kernels return empty ones;
+  // _embedding_bag_forward_only's sizes offset2bag as the indices and
+  // max_indices empty, where the CPU kernel does the opposite (mode sum);
+  // linalg_lu_solve's CPU kernel may conjugate its out= argument lazily,
+  // by its bit, which no plan can say.
+  std::unordered_set<std::string> disagreeing_{"aten::linalg_lu_solve",
+      "aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit_no_training",
+      "aten::_batch_norm_no_update", "aten::_embedding_bag_forward_only"};
 };
 
 PlanCache& plan_cache() {
@@ -488,13 +510,7 @@ PlanLookup plan_results(
   return lookup;
 }
 
-void check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results, bool kernel_warned) {
-  // A kernel that warned runs where its caller waits from now on, so that
-  // its warnings reach the caller each time (Note [Kernel warnings]).
-  if (kernel_warned) {
-    plan_cache().settle(check.key, false);
-    return;
-  }
+bool check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results, bool kernel_warned) {
   // A planned tensor matches a result of the same dtype and sizes; a view
   // (not computed, so not copied) must match its geometry too. A result
   // with a lazy conjugate or negative bit (linalg_lu_solve(left=False)
@@ -528,7 +544,21 @@ void check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results, bo
       }
     }
   }
+  if (!usable) {
+    plan_cache().disagreed(check.op);
+  }
+  // A kernel that warned runs where its caller waits from now on, so that
+  // its warnings reach the caller each time (Note [Kernel warnings]).
+  plan_cache().settle(check.key, usable && !kernel_warned);
+  return usable;
+}
+
+void settle_plan(const PlanToCheck& check, bool usable) {
   plan_cache().settle(check.key, usable);
+}
+
+bool may_use_unchecked(const c10::OperatorHandle& op) {
+  return plan_cache().agrees(op.operator_name());
 }
 
 at::Tensor alias_of(

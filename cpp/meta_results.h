@@ -12,7 +12,12 @@
 // process most Meta kernels are Python functions costing 0.1-10 ms, and a
 // training loop asks the same questions every step. A plan is trusted only
 // after the CPU kernel, run once for the same key (the call waits for it),
-// gave results of the planned dtypes and shapes. Ops whose result shapes
+// gave results of the planned dtypes and shapes: where the host would
+// wait only for that (a busy stream) or where the kernel is split (Note
+// [Split kernels]), the plan is used unchecked and the queued kernel checks
+// it (Note [Plans checked by the kernel] in fallback.cpp), except for ops
+// whose Meta kernels are known to disagree with their CPU kernels, or were
+// found to. Ops whose result shapes
 // depend on data (nonzero, unique...), that return non-tensors or take a
 // generator are never planned.
 #pragma once
@@ -62,10 +67,20 @@ PlanLookup plan_results(
 // number). The fallback's inline route is then a wait the user asked for.
 bool results_depend_on_data(const c10::OperatorHandle& op);
 
-// Trusts `check`'s plan from now on if the op's openreg `results`, computed
-// by running it, have the planned dtypes and shapes and its kernel did not
-// warn (Note [Kernel warnings] in device_memory.h); else never uses it.
-void check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results, bool kernel_warned);
+// Trusts `check`'s plan from now on if the op's `results`, computed by
+// running it (openreg tensors, or the CPU kernel's on views), have the
+// planned dtypes and shapes and its kernel did not warn (Note [Kernel
+// warnings] in device_memory.h); else never uses it, and an op whose
+// results differed is no longer planned unchecked. Returns whether the
+// results matched.
+bool check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results, bool kernel_warned);
+
+// Settles `check`'s plan without results to compare (a split kernel's
+// chunks checked their parts): trusted if `usable`.
+void settle_plan(const PlanToCheck& check, bool usable);
+
+// Whether a new plan of `op` may be used before its check (see the Note).
+bool may_use_unchecked(const c10::OperatorHandle& op);
 
 // An openreg view of `original`'s memory with the dtype and geometry given
 // (a view may change the element type: view_as_real).

@@ -18,6 +18,7 @@
 #include "torch_openreg/cpp/checked.h"
 #include "torch_openreg/cpp/device_memory.h"
 #include "torch_openreg/cpp/dtype_policy.h"
+#include "torch_openreg/cpp/kernel_split.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 namespace openreg {
@@ -153,8 +154,11 @@ at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
   c10::DeviceGuard guard(self.device());
   const c10::DeviceIndex device = self.device().index();
   const auto accesses = [&] { return KernelInfo("aten::fill_", {}, {self}); };
-  if (!run_inline(device, self.numel(), [&] { cpu_view(self).fill_(value); }, "aten::fill_", accesses)) {
-    queue_kernel(device, [self = kernel_operand(self), value] { self.fill_(value); }, ffi::LaunchMode::Queue, accesses());
+  const auto fill = [split = PointwiseSplit(self.sizes()), value](const at::Tensor& view) {
+    run_chunks(split.chunks(), [&](size_t i) { split.part(view, i).fill_(value); });
+  };
+  if (!run_inline(device, self.numel(), [&] { fill(cpu_view(self)); }, "aten::fill_", accesses)) {
+    queue_kernel(device, [fill, self = kernel_operand(self)] { fill(self); }, ffi::LaunchMode::Queue, accesses());
   }
   return self;
 }
@@ -196,7 +200,10 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
       device,
       // The operands keep the conjugate and negative bits (cpu_view): the CPU
       // copy_ resolves them (a lazily conjugated source is copied conjugated).
-      [src = kernel_operand(src), dst = kernel_operand(dst)] { dst.copy_(src); },
+      // Chunks narrow the destination and, unless broadcast, the source.
+      [split = PointwiseSplit(dst.sizes()), src = kernel_operand(src), dst = kernel_operand(dst)] {
+        run_chunks(split.chunks(), [&](size_t i) { split.part(dst, i).copy_(split.part(src, i)); });
+      },
       asynchronous && !guard_pinned ? launch_mode_for(src.numel()) : ffi::LaunchMode::Wait,
       KernelInfo("aten::copy_", {src}, {dst}));
   if (cross_device) {

@@ -65,7 +65,9 @@ use parking_lot::{Mutex, MutexGuard};
 use crate::device::DeviceIndex;
 use crate::error::{Error, ErrorKind, Result};
 use crate::memory;
-use crate::memory_history::{self, Action, BlockSnapshot, DeviceSnapshot, Frames, SegmentSnapshot, Trace, TraceEntry};
+use crate::memory_history::{
+    self, Action, BlockSnapshot, DeviceSnapshot, Frames, SegmentSnapshot, Trace, TraceEntry,
+};
 use crate::options;
 use crate::stream::StreamQueue;
 
@@ -234,7 +236,11 @@ struct Segment {
 impl Segment {
     /// Whether no queued kernel can touch the segment any more.
     fn unused(&self) -> bool {
-        self.stream.has_completed(self.last_free) && self.other_users.iter().all(|(s, seq)| s.has_completed(*seq))
+        self.stream.has_completed(self.last_free)
+            && self
+                .other_users
+                .iter()
+                .all(|(s, seq)| s.has_completed(*seq))
     }
 }
 
@@ -454,7 +460,11 @@ impl State {
         block.uses.clear();
         block.frames = None;
         let (segment, stream, owner) = (block.segment, block.stream, block.owner);
-        let other_users = if owner & 1 == 1 { self.unfinished_streams() } else { Vec::new() };
+        let other_users = if owner & 1 == 1 {
+            self.unfinished_streams()
+        } else {
+            Vec::new()
+        };
         let seg = self.segments.get_mut(&segment).expect("segment exists");
         seg.last_free = stream.marker();
         seg.other_users = other_users;
@@ -468,12 +478,22 @@ impl State {
         }
         let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
             .into_iter()
-            .partition(|p| p.markers.iter().all(|(stream, seq)| stream.has_completed(*seq)));
+            .partition(|p| {
+                p.markers
+                    .iter()
+                    .all(|(stream, seq)| stream.has_completed(*seq))
+            });
         self.pending = waiting;
         for p in ready {
             let block = self.block(p.block);
             let (addr, size, stream) = (block.ptr, block.size, block.stream.id());
-            self.note(TraceEntry::new(Action::FreeCompleted, addr, size, stream, None));
+            self.note(TraceEntry::new(
+                Action::FreeCompleted,
+                addr,
+                size,
+                stream,
+                None,
+            ));
             self.release_block(p.block);
         }
     }
@@ -483,7 +503,9 @@ impl State {
     fn cached_segments(&self) -> impl Iterator<Item = (&usize, &Segment)> {
         self.segments.iter().filter(|(_, seg)| {
             let first = self.block(seg.first);
-            first.state == BlockState::Free && first.size == seg.size && !self.is_live_pool(seg.owner)
+            first.state == BlockState::Free
+                && first.size == seg.size
+                && !self.is_live_pool(seg.owner)
         })
     }
 
@@ -502,10 +524,13 @@ impl State {
     /// those of pending frees, and the last frees of cached segments.
     fn release_waits(&self) -> Vec<(&'static StreamQueue, u64)> {
         let pending = self.pending.iter().flat_map(|p| p.markers.iter().copied());
-        let cached = self
-            .cached_segments()
-            .flat_map(|(_, seg)| std::iter::once((seg.stream, seg.last_free)).chain(seg.other_users.iter().copied()));
-        pending.chain(cached).filter(|(stream, seq)| !stream.has_completed(*seq)).collect()
+        let cached = self.cached_segments().flat_map(|(_, seg)| {
+            std::iter::once((seg.stream, seg.last_free)).chain(seg.other_users.iter().copied())
+        });
+        pending
+            .chain(cached)
+            .filter(|(stream, seq)| !stream.has_completed(*seq))
+            .collect()
     }
 
     /// Unmaps every cached segment that no queued kernel can still touch
@@ -522,7 +547,13 @@ impl State {
             self.retire_block(seg.first);
             memory::unmap(base, seg.size);
             crate::sanitizer::unmapped(base, seg.size);
-            self.note(TraceEntry::new(Action::SegmentFree, base, seg.size, seg.stream.id(), None));
+            self.note(TraceEntry::new(
+                Action::SegmentFree,
+                base,
+                seg.size,
+                seg.stream.id(),
+                None,
+            ));
             self.stats.segment.decrease(seg.pool, 1);
             self.stats.reserved_bytes.decrease(seg.pool, seg.size);
             self.stats.num_device_free += 1;
@@ -548,9 +579,22 @@ impl State {
             .map(|(_, _, _, id)| *id)
     }
 
-    fn map_segment(&mut self, size: usize, pool: Pool, stream: &'static StreamQueue, owner: usize, frames: &Frames) -> Result<BlockId> {
+    fn map_segment(
+        &mut self,
+        size: usize,
+        pool: Pool,
+        stream: &'static StreamQueue,
+        owner: usize,
+        frames: &Frames,
+    ) -> Result<BlockId> {
         let base = memory::map(size)?;
-        self.note(TraceEntry::new(Action::SegmentAlloc, base, size, stream.id(), frames.clone()));
+        self.note(TraceEntry::new(
+            Action::SegmentAlloc,
+            base,
+            size,
+            stream.id(),
+            frames.clone(),
+        ));
         let first = self.new_block(Block {
             ptr: base,
             size,
@@ -567,7 +611,18 @@ impl State {
             frames: None,
             generation: 0,
         });
-        self.segments.insert(base, Segment { size, pool, stream, owner, first, last_free: 0, other_users: Vec::new() });
+        self.segments.insert(
+            base,
+            Segment {
+                size,
+                pool,
+                stream,
+                owner,
+                first,
+                last_free: 0,
+                other_users: Vec::new(),
+            },
+        );
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, size);
         self.stats.num_device_alloc += 1;
@@ -578,9 +633,19 @@ impl State {
 
 impl DeviceAllocator {
     pub fn new(device: DeviceIndex) -> DeviceAllocator {
-        let state =
-            State { stats: DeviceStats { max_split_size: i64::MAX, ..Default::default() }, device, ..Default::default() };
-        DeviceAllocator { device, capacity: options::get().device_memory, state: Mutex::new(state) }
+        let state = State {
+            stats: DeviceStats {
+                max_split_size: i64::MAX,
+                ..Default::default()
+            },
+            device,
+            ..Default::default()
+        };
+        DeviceAllocator {
+            device,
+            capacity: options::get().device_memory,
+            state: Mutex::new(state),
+        }
     }
 
     pub fn capacity(&self) -> usize {
@@ -588,25 +653,44 @@ impl DeviceAllocator {
     }
 
     /// `size` bytes for work on `stream`; 0 bytes is the null pointer.
-    pub fn malloc(&self, size: usize, stream: &'static StreamQueue) -> std::result::Result<usize, AllocError> {
+    pub fn malloc(
+        &self,
+        size: usize,
+        stream: &'static StreamQueue,
+    ) -> std::result::Result<usize, AllocError> {
         let ptr = self.malloc_block(size, stream)?;
         crate::sanitizer::allocated(ptr, size, stream);
         Ok(ptr)
     }
 
-    fn malloc_block(&self, size: usize, stream: &'static StreamQueue) -> std::result::Result<usize, AllocError> {
+    fn malloc_block(
+        &self,
+        size: usize,
+        stream: &'static StreamQueue,
+    ) -> std::result::Result<usize, AllocError> {
         if size == 0 {
             return Ok(0);
         }
         if let Err(error) = crate::device_stop::check_running(self.device) {
-            return Err(AllocError { error, out_of_memory: false });
+            return Err(AllocError {
+                error,
+                out_of_memory: false,
+            });
         }
         if crate::fault::strikes(crate::fault::Fault::Alloc) {
-            let what = format!("allocating {size} bytes on openreg device {} failed", self.device);
-            return Err(AllocError { error: crate::fault::error(crate::fault::Fault::Alloc, &what), out_of_memory: true });
+            let what = format!(
+                "allocating {size} bytes on openreg device {} failed",
+                self.device
+            );
+            return Err(AllocError {
+                error: crate::fault::error(crate::fault::Fault::Alloc, &what),
+                out_of_memory: true,
+            });
         }
         // Captured before locking: the collector may take the host's locks.
-        let frames = memory_history::current().filter(|s| s.alloc_stacks).and_then(|_| memory_history::capture());
+        let frames = memory_history::current()
+            .filter(|s| s.alloc_stacks)
+            .and_then(|_| memory_history::capture());
         let mut st = self.state.lock();
         if size > self.capacity {
             // Cannot fit however much is freed (and would overflow rounding).
@@ -659,7 +743,13 @@ impl DeviceAllocator {
         block.frames = frames.clone();
         block.generation = generation;
         let got = block.size;
-        st.note(TraceEntry::new(Action::Alloc, ptr, got, stream.id(), frames));
+        st.note(TraceEntry::new(
+            Action::Alloc,
+            ptr,
+            got,
+            stream.id(),
+            frames,
+        ));
         st.allocated.insert(ptr, id);
         st.stats.allocation.increase(pool, 1);
         st.stats.allocated_bytes.increase(pool, got);
@@ -699,17 +789,31 @@ impl DeviceAllocator {
         if st.reserved() + seg > limit {
             return Err(self.out_of_memory(st, requested, limit, stream, frames.clone()));
         }
-        st.map_segment(seg, pool, stream, owner, frames).map_err(|error| AllocError { error, out_of_memory: false })
+        st.map_segment(seg, pool, stream, owner, frames)
+            .map_err(|error| AllocError {
+                error,
+                out_of_memory: false,
+            })
     }
 
     /// Counts and records an allocation of `requested` bytes that does not fit.
     #[cold]
-    fn out_of_memory(&self, st: &mut State, requested: usize, limit: usize, stream: &'static StreamQueue, frames: Frames) -> AllocError {
+    fn out_of_memory(
+        &self,
+        st: &mut State,
+        requested: usize,
+        limit: usize,
+        stream: &'static StreamQueue,
+        frames: Frames,
+    ) -> AllocError {
         st.stats.num_ooms += 1;
         let mut entry = TraceEntry::new(Action::Oom, 0, requested, stream.id(), frames);
         entry.device_free = limit.saturating_sub(st.reserved());
         st.note(entry);
-        AllocError { error: self.oom_error(st, requested, limit), out_of_memory: true }
+        AllocError {
+            error: self.oom_error(st, requested, limit),
+            out_of_memory: true,
+        }
     }
 
     #[cold]
@@ -747,7 +851,9 @@ impl DeviceAllocator {
         if ptr == 0 {
             return Some(Ok(()));
         }
-        let frames = memory_history::current().filter(|s| s.free_stacks).and_then(|_| memory_history::capture());
+        let frames = memory_history::current()
+            .filter(|s| s.free_stacks)
+            .and_then(|_| memory_history::capture());
         let mut st = self.state.lock();
         let id = st.allocated.remove(&ptr)?;
         let generation = st.generation;
@@ -755,8 +861,14 @@ impl DeviceAllocator {
         if block.generation != generation {
             STALE_ALLOCATIONS.fetch_sub(1, Ordering::AcqRel);
         }
-        let (pool, size, requested, stream) = (block.pool, block.size, block.requested, block.stream.id());
-        let markers: Vec<_> = block.uses.iter().map(|s| (*s, s.marker())).filter(|(s, seq)| !s.has_completed(*seq)).collect();
+        let (pool, size, requested, stream) =
+            (block.pool, block.size, block.requested, block.stream.id());
+        let markers: Vec<_> = block
+            .uses
+            .iter()
+            .map(|s| (*s, s.marker()))
+            .filter(|(s, seq)| !s.has_completed(*seq))
+            .collect();
         if markers.is_empty() {
             block.state = BlockState::Free; // release_block finishes the transition
         } else {
@@ -765,10 +877,26 @@ impl DeviceAllocator {
         st.stats.allocation.decrease(pool, 1);
         st.stats.allocated_bytes.decrease(pool, size);
         st.stats.requested_bytes.decrease(pool, requested);
-        st.note(TraceEntry::new(Action::FreeRequested, ptr, size, stream, frames.clone()));
-        let recorded = if crate::sanitizer::active() { st.block(id).uses.clone() } else { Vec::new() };
+        st.note(TraceEntry::new(
+            Action::FreeRequested,
+            ptr,
+            size,
+            stream,
+            frames.clone(),
+        ));
+        let recorded = if crate::sanitizer::active() {
+            st.block(id).uses.clone()
+        } else {
+            Vec::new()
+        };
         if markers.is_empty() {
-            st.note(TraceEntry::new(Action::FreeCompleted, ptr, size, stream, frames));
+            st.note(TraceEntry::new(
+                Action::FreeCompleted,
+                ptr,
+                size,
+                stream,
+                frames,
+            ));
             st.release_block(id);
         } else {
             st.pending.push(PendingFree { block: id, markers });
@@ -891,7 +1019,13 @@ impl DeviceAllocator {
             });
         }
         let s = &mut st.stats;
-        (s.num_alloc_retries, s.num_ooms, s.num_sync_all_streams, s.num_device_alloc, s.num_device_free) = (0, 0, 0, 0, 0);
+        (
+            s.num_alloc_retries,
+            s.num_ooms,
+            s.num_sync_all_streams,
+            s.num_device_alloc,
+            s.num_device_free,
+        ) = (0, 0, 0, 0, 0);
     }
 
     /// `(free, total)` bytes as the device sees them: total is the capacity,
@@ -930,18 +1064,38 @@ impl DeviceAllocator {
                         BlockState::Pending => "active_awaiting_free",
                         BlockState::Free => "inactive",
                     };
-                    let requested_size = if b.state == BlockState::Free { 0 } else { b.requested };
-                    blocks.push(BlockSnapshot { address: b.ptr, size: b.size, requested_size, state, frames: b.frames.clone() });
+                    let requested_size = if b.state == BlockState::Free {
+                        0
+                    } else {
+                        b.requested
+                    };
+                    blocks.push(BlockSnapshot {
+                        address: b.ptr,
+                        size: b.size,
+                        requested_size,
+                        state,
+                        frames: b.frames.clone(),
+                    });
                     next = b.next;
                 }
                 let segment_type = match seg.pool {
                     Pool::Small => "small",
                     Pool::Large => "large",
                 };
-                SegmentSnapshot { device: self.device, address, total_size: seg.size, stream: seg.stream.id(), segment_type, blocks }
+                SegmentSnapshot {
+                    device: self.device,
+                    address,
+                    total_size: seg.size,
+                    stream: seg.stream.id(),
+                    segment_type,
+                    blocks,
+                }
             })
             .collect();
-        DeviceSnapshot { segments, trace: st.trace.entries().cloned().collect() }
+        DeviceSnapshot {
+            segments,
+            trace: st.trace.entries().cloned().collect(),
+        }
     }
 
     /// Drops the recorded events (history was switched off).
@@ -952,18 +1106,27 @@ impl DeviceAllocator {
     /// The fraction of the capacity this process may reserve (1 unless
     /// `set_memory_fraction` changed it).
     pub fn memory_fraction(&self) -> f64 {
-        self.state.lock().limit.map_or(1.0, |limit| limit as f64 / self.capacity as f64)
+        self.state
+            .lock()
+            .limit
+            .map_or(1.0, |limit| limit as f64 / self.capacity as f64)
     }
 
     /// Whether `ptr` lies inside one of this device's segments.
     pub fn owns(&self, ptr: usize) -> bool {
         let st = self.state.lock();
-        st.segments.range(..=ptr).next_back().is_some_and(|(base, seg)| ptr < base + seg.size)
+        st.segments
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(base, seg)| ptr < base + seg.size)
     }
 
     /// The live allocation that holds `ptr`: its start, requested size and
     /// allocation stream.
-    pub fn allocation_containing(&self, ptr: usize) -> Option<(usize, usize, &'static StreamQueue)> {
+    pub fn allocation_containing(
+        &self,
+        ptr: usize,
+    ) -> Option<(usize, usize, &'static StreamQueue)> {
         let st = self.state.lock();
         let (&segment_base, segment) = st.segments.range(..=ptr).next_back()?;
         if ptr >= segment_base + segment.size {
@@ -972,7 +1135,11 @@ impl DeviceAllocator {
         let mut id = Some(segment.first);
         while let Some(block) = id.map(|id| st.block(id)) {
             if (block.ptr..block.ptr + block.size).contains(&ptr) {
-                return (block.state == BlockState::Allocated).then_some((block.ptr, block.requested, block.stream));
+                return (block.state == BlockState::Allocated).then_some((
+                    block.ptr,
+                    block.requested,
+                    block.stream,
+                ));
             }
             id = block.next;
         }
@@ -1041,7 +1208,9 @@ pub fn check_current(ptr: usize) -> Result<()> {
 
 /// The device whose memory holds `ptr`, among devices with a context.
 pub fn device_of(ptr: usize) -> Option<DeviceIndex> {
-    crate::device::existing_contexts().find(|ctx| ctx.allocator.owns(ptr)).map(|ctx| ctx.index)
+    crate::device::existing_contexts()
+        .find(|ctx| ctx.allocator.owns(ptr))
+        .map(|ctx| ctx.index)
 }
 
 /// The live device allocation that holds `ptr`, on any device: its start,
@@ -1059,5 +1228,9 @@ pub fn free_anywhere(ptr: usize) -> Result<()> {
     // One lookup per device tried (a DataPtr deleter knows only the pointer).
     crate::device::existing_contexts()
         .find_map(|ctx| ctx.allocator.try_free(ptr))
-        .unwrap_or_else(|| Err(Error::invalid_value(format!("free of {ptr:#x}: not openreg device memory"))))
+        .unwrap_or_else(|| {
+            Err(Error::invalid_value(format!(
+                "free of {ptr:#x}: not openreg device memory"
+            )))
+        })
 }

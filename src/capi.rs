@@ -93,7 +93,16 @@ pub extern "C" fn orGetLastErrorMessage() -> *const c_char {
 #[no_mangle]
 pub extern "C" fn orGetDeviceCount(count: *mut c_int) -> OrError {
     let enumeration_fails = crate::fault::strikes(crate::fault::Fault::Enumerate);
-    guarded(|| put(count, if enumeration_fails { 0 } else { device::device_count() as c_int }))
+    guarded(|| {
+        put(
+            count,
+            if enumeration_fails {
+                0
+            } else {
+                device::device_count() as c_int
+            },
+        )
+    })
 }
 
 #[no_mangle]
@@ -182,7 +191,10 @@ pub extern "C" fn orGetDeviceProperties(prop: *mut DeviceProp, device: c_int) ->
 }
 
 #[no_mangle]
-pub extern "C" fn orDeviceGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) -> OrError {
+pub extern "C" fn orDeviceGetStreamPriorityRange(
+    least: *mut c_int,
+    greatest: *mut c_int,
+) -> OrError {
     guarded(|| {
         put(least, LOWEST_PRIORITY)?;
         put(greatest, HIGHEST_PRIORITY)
@@ -192,18 +204,25 @@ pub extern "C" fn orDeviceGetStreamPriorityRange(least: *mut c_int, greatest: *m
 /// This thread's current stream of `device` (-1: the current device).
 #[no_mangle]
 pub extern "C" fn orStreamGetCurrent(device: c_int, stream: *mut *mut c_void) -> OrError {
-    guarded(|| {
-        put(stream, stream_handle(stream::current(device.into())?))
-    })
+    guarded(|| put(stream, stream_handle(stream::current(device.into())?)))
 }
 
 #[no_mangle]
 pub extern "C" fn orStreamGetDefault(device: c_int, stream: *mut *mut c_void) -> OrError {
-    guarded(|| put(stream, stream_handle(stream::lookup(device.into(), stream::DEFAULT_STREAM_ID)?)))
+    guarded(|| {
+        put(
+            stream,
+            stream_handle(stream::lookup(device.into(), stream::DEFAULT_STREAM_ID)?),
+        )
+    })
 }
 
 #[no_mangle]
-pub extern "C" fn orStreamGetFromPool(device: c_int, priority: c_int, stream: *mut *mut c_void) -> OrError {
+pub extern "C" fn orStreamGetFromPool(
+    device: c_int,
+    priority: c_int,
+    stream: *mut *mut c_void,
+) -> OrError {
     guarded(|| {
         let ctx = device::context(device::resolve(device.into()))?;
         put(stream, stream_handle(ctx.streams.from_pool(priority)))
@@ -211,7 +230,11 @@ pub extern "C" fn orStreamGetFromPool(device: c_int, priority: c_int, stream: *m
 }
 
 #[no_mangle]
-pub extern "C" fn orStreamGetId(stream: *const c_void, device: *mut c_int, id: *mut i64) -> OrError {
+pub extern "C" fn orStreamGetId(
+    stream: *const c_void,
+    device: *mut c_int,
+    id: *mut i64,
+) -> OrError {
     guarded(|| {
         let s = stream_arg(stream)?;
         put(device, s.device() as c_int)?;
@@ -227,9 +250,17 @@ pub extern "C" fn orStreamGetPriority(stream: *const c_void, priority: *mut c_in
 /// `orSuccess` if all work on the stream has finished, else `orErrorNotReady`.
 #[no_mangle]
 pub extern "C" fn orStreamQuery(stream: *const c_void) -> OrError {
-    guarded(|| match stream_arg(stream).and_then(|s| crate::graph::check_not_capturing(s, "orStreamQuery").map(|_| s))?.host_query()? {
-        true => Ok(()),
-        false => Err(Error::new(ErrorKind::NotReady, "the stream has unfinished work")),
+    guarded(|| {
+        match stream_arg(stream)
+            .and_then(|s| crate::graph::check_not_capturing(s, "orStreamQuery").map(|_| s))?
+            .host_query()?
+        {
+            true => Ok(()),
+            false => Err(Error::new(
+                ErrorKind::NotReady,
+                "the stream has unfinished work",
+            )),
+        }
     })
 }
 
@@ -257,7 +288,11 @@ unsafe impl Send for SendPtr {}
 /// Runs `func(user_data)` on the stream's worker, in stream order (once per
 /// replay when the stream is capturing a graph).
 #[no_mangle]
-pub extern "C" fn orLaunchHostFunc(stream: *const c_void, func: Option<HostFn>, user_data: *mut c_void) -> OrError {
+pub extern "C" fn orLaunchHostFunc(
+    stream: *const c_void,
+    func: Option<HostFn>,
+    user_data: *mut c_void,
+) -> OrError {
     guarded(|| launch_host_func(stream, func, user_data, HOST_FUNCTION, "orLaunchHostFunc"))
 }
 
@@ -271,7 +306,15 @@ pub extern "C" fn orLaunchHostFuncNamed(
     user_data: *mut c_void,
     name: *const c_char,
 ) -> OrError {
-    guarded(|| launch_host_func(stream, func, user_data, host_function_name(name), "orLaunchHostFuncNamed"))
+    guarded(|| {
+        launch_host_func(
+            stream,
+            func,
+            user_data,
+            host_function_name(name),
+            "orLaunchHostFuncNamed",
+        )
+    })
 }
 
 /// What a host function launched without a name is called.
@@ -286,9 +329,16 @@ fn host_function_name(name: *const c_char) -> TaskName {
     }
 }
 
-fn launch_host_func(stream: *const c_void, func: Option<HostFn>, user_data: *mut c_void, name: TaskName, call: &str) -> Result<()> {
+fn launch_host_func(
+    stream: *const c_void,
+    func: Option<HostFn>,
+    user_data: *mut c_void,
+    name: TaskName,
+    call: &str,
+) -> Result<()> {
     let s = stream_arg(stream)?;
-    let func = func.ok_or_else(|| Error::invalid_value(format!("{call}: the host function is null")))?;
+    let func =
+        func.ok_or_else(|| Error::invalid_value(format!("{call}: the host function is null")))?;
     let data = SendPtr(user_data);
     let work: crate::graph::Work = Box::new(move || {
         let data = data;
@@ -296,7 +346,8 @@ fn launch_host_func(stream: *const c_void, func: Option<HostFn>, user_data: *mut
         Ok(())
     });
     let task = Task::Run(crate::profiler::timed(name.text().into_owned(), s, work));
-    s.submit_named(task, name, || name.text().into_owned()).map(drop)
+    s.submit_named(task, name, || name.text().into_owned())
+        .map(drop)
 }
 
 /// Releases a host function's user data: called once, when the runtime is
@@ -327,10 +378,26 @@ pub extern "C" fn orLaunchHostFuncOwned(
     release: Option<ReleaseFn>,
 ) -> OrError {
     let Some(release) = release else {
-        return guarded(|| Err(Error::invalid_value("orLaunchHostFuncOwned: the release function is null")));
+        return guarded(|| {
+            Err(Error::invalid_value(
+                "orLaunchHostFuncOwned: the release function is null",
+            ))
+        });
     };
-    let owned = OwnedUserData { data: SendPtr(user_data), release };
-    guarded(move || launch_owned(stream, func, owned, HOST_FUNCTION, &[], "orLaunchHostFuncOwned"))
+    let owned = OwnedUserData {
+        data: SendPtr(user_data),
+        release,
+    };
+    guarded(move || {
+        launch_owned(
+            stream,
+            func,
+            owned,
+            HOST_FUNCTION,
+            &[],
+            "orLaunchHostFuncOwned",
+        )
+    })
 }
 
 /// One range of memory a kernel reads or writes (`orMemAccess`).
@@ -357,20 +424,36 @@ pub extern "C" fn orLaunchKernel(
     count: usize,
 ) -> OrError {
     let Some(release) = release else {
-        return guarded(|| Err(Error::invalid_value("orLaunchKernel: the release function is null")));
+        return guarded(|| {
+            Err(Error::invalid_value(
+                "orLaunchKernel: the release function is null",
+            ))
+        });
     };
-    let owned = OwnedUserData { data: SendPtr(user_data), release };
+    let owned = OwnedUserData {
+        data: SendPtr(user_data),
+        release,
+    };
     let name = host_function_name(name);
     guarded(move || {
         let accesses = match count {
             0 => &[][..],
-            _ if accesses.is_null() => return Err(Error::invalid_value(format!("orLaunchKernel: {count} accesses at a null pointer"))),
+            _ if accesses.is_null() => {
+                return Err(Error::invalid_value(format!(
+                    "orLaunchKernel: {count} accesses at a null pointer"
+                )))
+            }
             // SAFETY: the caller passes `count` readable orMemAccess.
             _ => unsafe { std::slice::from_raw_parts(accesses, count) },
         };
         let buffers: Vec<crate::sanitizer::KernelBuffer> = accesses
             .iter()
-            .map(|a| crate::sanitizer::KernelBuffer { address: a.ptr as usize, bytes: a.bytes, written: a.written != 0, tensor: 0 })
+            .map(|a| crate::sanitizer::KernelBuffer {
+                address: a.ptr as usize,
+                bytes: a.bytes,
+                written: a.written != 0,
+                tensor: 0,
+            })
             .collect();
         launch_owned(stream, func, owned, name, &buffers, "orLaunchKernel")
     })
@@ -386,7 +469,8 @@ fn launch_owned(
     call: &str,
 ) -> Result<()> {
     let s = stream_arg(stream)?;
-    let func = func.ok_or_else(|| Error::invalid_value(format!("{call}: the host function is null")))?;
+    let func =
+        func.ok_or_else(|| Error::invalid_value(format!("{call}: the host function is null")))?;
     crate::sanitizer::check_launch(s, name, buffers, &|_| String::new())?;
     let work: crate::graph::Work = Box::new(move || {
         let owned = &owned; // the whole value: it is what is Send
@@ -394,7 +478,8 @@ fn launch_owned(
         Ok(())
     });
     let task = Task::Run(crate::profiler::timed(name.text().into_owned(), s, work));
-    s.submit_named(task, name, move || name.text().into_owned()).map(drop)
+    s.submit_named(task, name, move || name.text().into_owned())
+        .map(drop)
 }
 
 /// The host process is about to finalize: drains every stream, then makes
@@ -447,7 +532,10 @@ pub extern "C" fn orEventRecord(event: *const c_void, stream: *const c_void) -> 
 pub extern "C" fn orEventQuery(event: *const c_void) -> OrError {
     guarded(|| match event_arg(event)?.query()? {
         true => Ok(()),
-        false => Err(Error::new(ErrorKind::NotReady, "the event has not completed")),
+        false => Err(Error::new(
+            ErrorKind::NotReady,
+            "the event has not completed",
+        )),
     })
 }
 
@@ -460,8 +548,17 @@ pub extern "C" fn orEventSynchronize(event: *const c_void) -> OrError {
 }
 
 #[no_mangle]
-pub extern "C" fn orEventElapsedTime(ms: *mut f32, start: *const c_void, end: *const c_void) -> OrError {
-    guarded(|| put(ms, Event::elapsed_ms(&*event_arg(start)?, &*event_arg(end)?)? as f32))
+pub extern "C" fn orEventElapsedTime(
+    ms: *mut f32,
+    start: *const c_void,
+    end: *const c_void,
+) -> OrError {
+    guarded(|| {
+        put(
+            ms,
+            Event::elapsed_ms(&*event_arg(start)?, &*event_arg(end)?)? as f32,
+        )
+    })
 }
 
 #[no_mangle]
@@ -475,7 +572,10 @@ pub extern "C" fn orEventDestroy(event: *mut c_void) -> OrError {
 pub extern "C" fn orMalloc(ptr: *mut *mut c_void, size: usize) -> OrError {
     guarded(|| {
         let stream = stream::current(-1)?;
-        let got = device::context(stream.device().into())?.allocator.malloc(size, stream).map_err(|e| e.error)?;
+        let got = device::context(stream.device().into())?
+            .allocator
+            .malloc(size, stream)
+            .map_err(|e| e.error)?;
         put(ptr, got as *mut c_void)
     })
 }
@@ -489,7 +589,9 @@ pub extern "C" fn orFree(ptr: *mut c_void) -> OrError {
 #[no_mangle]
 pub extern "C" fn orMemGetInfo(free: *mut usize, total: *mut usize) -> OrError {
     guarded(|| {
-        let (f, t) = device::context(device::current_device().into())?.allocator.memory_info();
+        let (f, t) = device::context(device::current_device().into())?
+            .allocator
+            .memory_info();
         put(free, f)?;
         put(total, t)
     })
@@ -498,14 +600,23 @@ pub extern "C" fn orMemGetInfo(free: *mut usize, total: *mut usize) -> OrError {
 /// Caps what this process may reserve on `device` at `fraction` of it.
 #[no_mangle]
 pub extern "C" fn orSetMemoryFraction(device: c_int, fraction: f64) -> OrError {
-    guarded(|| device::context(device::resolve(device.into()))?.allocator.set_memory_fraction(fraction))
+    guarded(|| {
+        device::context(device::resolve(device.into()))?
+            .allocator
+            .set_memory_fraction(fraction)
+    })
 }
 
 /// The memory file behind device pointer `ptr` (valid while its allocation
 /// lives; the runtime keeps it), the size of the mapping it backs, and the
 /// offset of `ptr` in that mapping (Note [Shareable device memory]).
 #[no_mangle]
-pub extern "C" fn orIpcGetMemHandle(fd: *mut c_int, mapping_size: *mut usize, offset: *mut usize, ptr: *mut c_void) -> OrError {
+pub extern "C" fn orIpcGetMemHandle(
+    fd: *mut c_int,
+    mapping_size: *mut usize,
+    offset: *mut usize,
+    ptr: *mut c_void,
+) -> OrError {
     guarded(|| {
         let (file, base, len) = crate::memory::shared_region(ptr as usize)?;
         put(fd, file)?;
@@ -518,16 +629,26 @@ pub extern "C" fn orIpcGetMemHandle(fd: *mut c_int, mapping_size: *mut usize, of
 /// process shares through memory file `fd` (from its orIpcGetMemHandle);
 /// `*base` is the start of the mapping. The caller keeps `fd`.
 #[no_mangle]
-pub extern "C" fn orIpcOpenMemHandle(base: *mut *mut c_void, fd: c_int, mapping_size: usize) -> OrError {
-    guarded(|| put(base, crate::memory::map_shared(fd, mapping_size)? as *mut c_void))
+pub extern "C" fn orIpcOpenMemHandle(
+    base: *mut *mut c_void,
+    fd: c_int,
+    mapping_size: usize,
+) -> OrError {
+    guarded(|| {
+        put(
+            base,
+            crate::memory::map_shared(fd, mapping_size)? as *mut c_void,
+        )
+    })
 }
 
 /// Releases a mapping made by orIpcOpenMemHandle.
 #[no_mangle]
 pub extern "C" fn orIpcCloseMemHandle(base: *mut c_void) -> OrError {
     guarded(|| {
-        let len = crate::memory::mapping_len(base as usize)
-            .ok_or_else(|| Error::invalid_value(format!("{base:p} is not a mapping from orIpcOpenMemHandle")))?;
+        let len = crate::memory::mapping_len(base as usize).ok_or_else(|| {
+            Error::invalid_value(format!("{base:p} is not a mapping from orIpcOpenMemHandle"))
+        })?;
         crate::memory::unmap(base as usize, len);
         Ok(())
     })
@@ -537,7 +658,15 @@ static OPTIONS_TEXT: Lazy<CString> = Lazy::new(|| {
     let text: String = options::get()
         .entries()
         .iter()
-        .map(|e| format!("{}\t{}\t{}\t{}\n", e.name, e.value, options::get().source(e.name), e.help))
+        .map(|e| {
+            format!(
+                "{}\t{}\t{}\t{}\n",
+                e.name,
+                e.value,
+                options::get().source(e.name),
+                e.help
+            )
+        })
         .collect();
     CString::new(text).unwrap_or_default()
 });
@@ -564,21 +693,42 @@ pub extern "C" fn orDeviceGetUtilization(device: c_int, percent: *mut c_int) -> 
 
 /// Whether `device` can access memory of `peer` (always, for two valid devices).
 #[no_mangle]
-pub extern "C" fn orDeviceCanAccessPeer(can_access: *mut c_int, device: c_int, peer: c_int) -> OrError {
-    guarded(|| put(can_access, device::can_access_peer(device.into(), peer.into())? as c_int))
+pub extern "C" fn orDeviceCanAccessPeer(
+    can_access: *mut c_int,
+    device: c_int,
+    peer: c_int,
+) -> OrError {
+    guarded(|| {
+        put(
+            can_access,
+            device::can_access_peer(device.into(), peer.into())? as c_int,
+        )
+    })
 }
 
 /// The fraction of `device`'s capacity this process may reserve.
 #[no_mangle]
 pub extern "C" fn orGetMemoryFraction(device: c_int, fraction: *mut f64) -> OrError {
-    guarded(|| put(fraction, device::context(device::resolve(device.into()))?.allocator.memory_fraction()))
+    guarded(|| {
+        put(
+            fraction,
+            device::context(device::resolve(device.into()))?
+                .allocator
+                .memory_fraction(),
+        )
+    })
 }
 
 /// Memory history (Note [Memory history]): `trace` 1 keeps the event trace;
 /// `stacks` 0 none, 1 for allocations, 2 for allocations and frees;
 /// `enabled` 0 stops recording and drops what was recorded.
 #[no_mangle]
-pub extern "C" fn orRecordMemoryHistory(enabled: c_int, trace: c_int, stacks: c_int, max_entries: usize) -> OrError {
+pub extern "C" fn orRecordMemoryHistory(
+    enabled: c_int,
+    trace: c_int,
+    stacks: c_int,
+    max_entries: usize,
+) -> OrError {
     guarded(|| {
         let settings = (enabled != 0).then_some(crate::memory_history::Settings {
             trace: trace != 0,
@@ -633,7 +783,11 @@ pub extern "C" fn orSetSyncDebugMode(mode: c_int) -> OrError {
             0 => SyncDebugMode::Default,
             1 => SyncDebugMode::Warn,
             2 => SyncDebugMode::Error,
-            other => return Err(Error::invalid_value(format!("sync debug mode {other} is invalid (expected 0, 1 or 2)"))),
+            other => {
+                return Err(Error::invalid_value(format!(
+                    "sync debug mode {other} is invalid (expected 0, 1 or 2)"
+                )))
+            }
         };
         crate::sync_debug::set_mode(mode);
         Ok(())
@@ -661,7 +815,12 @@ pub extern "C" fn orDeviceRestart(device: c_int) -> OrError {
 
 #[no_mangle]
 pub extern "C" fn orDeviceIsStopped(device: c_int, stopped: *mut c_int) -> OrError {
-    guarded(|| put(stopped, crate::device_stop::is_stopped(device::check_index(device.into())?) as c_int))
+    guarded(|| {
+        put(
+            stopped,
+            crate::device_stop::is_stopped(device::check_index(device.into())?) as c_int,
+        )
+    })
 }
 
 /// Releases the runtime now, in priority order (drains and stops the
@@ -726,7 +885,10 @@ pub extern "C" fn orInjectFault(kind: *const c_char, after: u64) -> OrError {
         // SAFETY: a non-null `kind` is a NUL-terminated string (the C contract).
         let name = unsafe { kind.as_ref().map(|k| CStr::from_ptr(k)) }
             .ok_or_else(|| Error::invalid_value("orInjectFault: the fault kind is null"))?;
-        crate::fault::inject(crate::fault::Fault::from_name(&name.to_string_lossy())?, after);
+        crate::fault::inject(
+            crate::fault::Fault::from_name(&name.to_string_lossy())?,
+            after,
+        );
         Ok(())
     })
 }
@@ -746,8 +908,9 @@ pub extern "C" fn orGetOpTimeoutMs() -> u64 {
 /// Live graph handles of the C ABI: a handle is the address of a boxed
 /// executable graph, valid only while listed here (so a destroyed or
 /// garbage handle is `orErrorInvalidHandle`, never a dangling read).
-static GRAPH_HANDLES: Lazy<parking_lot::Mutex<std::collections::HashMap<usize, Arc<crate::graph::Executable>>>> =
-    Lazy::new(Default::default);
+static GRAPH_HANDLES: Lazy<
+    parking_lot::Mutex<std::collections::HashMap<usize, Arc<crate::graph::Executable>>>,
+> = Lazy::new(Default::default);
 
 fn new_graph_handle(executable: Arc<crate::graph::Executable>) -> *mut c_void {
     let boxed = Box::new(0u8); // a unique address for the handle
@@ -761,7 +924,12 @@ fn graph_arg(handle: *const c_void) -> Result<Arc<crate::graph::Executable>> {
         .lock()
         .get(&(handle as usize))
         .cloned()
-        .ok_or_else(|| Error::new(ErrorKind::InvalidHandle, format!("{handle:p} is not a live openreg graph handle")))
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidHandle,
+                format!("{handle:p} is not a live openreg graph handle"),
+            )
+        })
 }
 
 fn destroy_graph_handle(handle: *const c_void) -> Result<()> {
@@ -773,7 +941,10 @@ fn destroy_graph_handle(handle: *const c_void) -> Result<()> {
             drop(executable); // outside the registry's lock: may release the pool
             Ok(())
         }
-        None => Err(Error::new(ErrorKind::InvalidHandle, format!("{handle:p} is not a live openreg graph handle"))),
+        None => Err(Error::new(
+            ErrorKind::InvalidHandle,
+            format!("{handle:p} is not a live openreg graph handle"),
+        )),
     }
 }
 
@@ -784,7 +955,11 @@ pub extern "C" fn orStreamBeginCapture(stream: *const c_void, mode: c_int) -> Or
             0 => crate::graph::CaptureMode::Global,
             1 => crate::graph::CaptureMode::ThreadLocal,
             2 => crate::graph::CaptureMode::Relaxed,
-            _ => return Err(Error::invalid_value(format!("orStreamBeginCapture: unknown capture mode {mode}"))),
+            _ => {
+                return Err(Error::invalid_value(format!(
+                    "orStreamBeginCapture: unknown capture mode {mode}"
+                )))
+            }
         };
         crate::graph::begin_capture(stream_arg(stream)?, mode, (0, 0), false).map(drop)
     })
@@ -803,7 +978,12 @@ pub extern "C" fn orStreamEndCapture(stream: *const c_void, graph: *mut *mut c_v
 
 #[no_mangle]
 pub extern "C" fn orStreamIsCapturing(stream: *const c_void, capturing: *mut c_int) -> OrError {
-    guarded(|| put(capturing, crate::graph::is_capturing(stream_arg(stream)?) as c_int))
+    guarded(|| {
+        put(
+            capturing,
+            crate::graph::is_capturing(stream_arg(stream)?) as c_int,
+        )
+    })
 }
 
 #[no_mangle]
@@ -859,7 +1039,11 @@ pub extern "C" fn orSanitizerSetMode(mode: c_int) -> OrError {
             0 => Mode::Off,
             1 => Mode::Raise,
             2 => Mode::Warn,
-            other => return Err(Error::invalid_value(format!("sanitizer mode {other} is invalid (expected 0 off, 1 raise or 2 warn)"))),
+            other => {
+                return Err(Error::invalid_value(format!(
+                    "sanitizer mode {other} is invalid (expected 0 off, 1 raise or 2 warn)"
+                )))
+            }
         };
         crate::sanitizer::set_mode(mode);
         Ok(())
@@ -878,7 +1062,10 @@ pub extern "C" fn orSanitizerGetCounts(counts: *mut u64, len: usize) -> OrError 
     guarded(|| {
         let all = crate::sanitizer::counts();
         if counts.is_null() || len < all.len() {
-            return Err(Error::invalid_value(format!("orSanitizerGetCounts: needs room for {} counts", all.len())));
+            return Err(Error::invalid_value(format!(
+                "orSanitizerGetCounts: needs room for {} counts",
+                all.len()
+            )));
         }
         // SAFETY: the caller's buffer holds `len` >= all.len() counts.
         unsafe { std::ptr::copy_nonoverlapping(all.as_ptr(), counts, all.len()) };
@@ -889,7 +1076,9 @@ pub extern "C" fn orSanitizerGetCounts(counts: *mut u64, len: usize) -> OrError 
 /// The name of report kind `kind` ("race", ...), or null past the last.
 #[no_mangle]
 pub extern "C" fn orSanitizerGetKindName(kind: usize) -> *const c_char {
-    crate::sanitizer::KIND_NAMES.get(kind).map_or(std::ptr::null(), |n| n.as_ptr())
+    crate::sanitizer::KIND_NAMES
+        .get(kind)
+        .map_or(std::ptr::null(), |n| n.as_ptr())
 }
 
 thread_local! {
@@ -907,9 +1096,12 @@ pub extern "C" fn orSanitizerGetReportCount() -> usize {
 pub extern "C" fn orSanitizerGetReport(index: usize, text: *mut *const c_char) -> OrError {
     guarded(|| {
         let reports = crate::sanitizer::reports();
-        let report = reports
-            .get(index)
-            .ok_or_else(|| Error::invalid_value(format!("sanitizer report {index} does not exist ({} reports)", reports.len())))?;
+        let report = reports.get(index).ok_or_else(|| {
+            Error::invalid_value(format!(
+                "sanitizer report {index} does not exist ({} reports)",
+                reports.len()
+            ))
+        })?;
         let owned = CString::new(report.replace('\0', " ")).unwrap_or_default();
         let ptr = REPORT.with(|r| {
             *r.borrow_mut() = owned;
@@ -928,6 +1120,8 @@ pub extern "C" fn orSanitizerClear() {
 /// Installs the function that gives the Python line of the calling host
 /// code for reports (null: none); see `sanitizer::SourceCollector`.
 #[no_mangle]
-pub extern "C" fn orSanitizerSetSourceCollector(collector: Option<crate::sanitizer::SourceCollector>) {
+pub extern "C" fn orSanitizerSetSourceCollector(
+    collector: Option<crate::sanitizer::SourceCollector>,
+) {
     crate::sanitizer::set_source_collector(collector)
 }

@@ -242,7 +242,11 @@ pub fn context(index: i64) -> Result<&'static DeviceContext> {
 #[cold]
 fn create_context(index: DeviceIndex) -> Result<&'static DeviceContext> {
     init()?;
-    Ok(CONTEXTS[index as usize].get_or_init(|| DeviceContext { index, streams: DeviceStreams::new(index), allocator: DeviceAllocator::new(index) }))
+    Ok(CONTEXTS[index as usize].get_or_init(|| DeviceContext {
+        index,
+        streams: DeviceStreams::new(index),
+        allocator: DeviceAllocator::new(index),
+    }))
 }
 
 /// Whether device `index`'s context exists; never creates it.
@@ -303,7 +307,9 @@ pub fn can_access_peer(device: i64, peer: i64) -> Result<bool> {
 /// host is then ordered after all of their work, Note [Stream sanitizer]).
 pub fn synchronize_device(index: i64) -> Result<()> {
     let streams = &context(index)?.streams;
-    let point = crate::sanitizer::active().then(|| crate::sanitizer::streams_point(&streams.all())).flatten();
+    let point = crate::sanitizer::active()
+        .then(|| crate::sanitizer::streams_point(&streams.all()))
+        .flatten();
     streams.synchronize_all()?;
     match point {
         Some(point) => crate::sanitizer::host_waited_for(&point, false),

@@ -83,7 +83,10 @@ pub fn stop(index: i64) -> Result<usize> {
     // Dropped here, outside the streams' locks: a kernel's captures may
     // release a host object that takes the host's own lock (kernel.h).
     drop(tasks);
-    crate::log::log(crate::log::Level::Info, &format!("stop_device: device {index} stopped; {abandoned} queued kernels abandoned"));
+    crate::log::log(
+        crate::log::Level::Info,
+        &format!("stop_device: device {index} stopped; {abandoned} queued kernels abandoned"),
+    );
     Ok(abandoned)
 }
 
@@ -102,6 +105,9 @@ pub fn restart(index: i64) -> Result<()> {
         device::context(index.into())?.allocator.begin_generation();
     }
     STOPPED[index as usize].store(false, Ordering::Release);
-    crate::log::log(crate::log::Level::Info, &format!("restart_device: device {index} restarted"));
+    crate::log::log(
+        crate::log::Level::Info,
+        &format!("restart_device: device {index} restarted"),
+    );
     Ok(())
 }

@@ -20,7 +20,10 @@ pub fn record(op: &str, dtype: &str, computed: &str) {
 /// line each, sorted.
 pub fn take() -> String {
     let recorded = std::mem::take(&mut *RECORDED.lock().unwrap_or_else(|e| e.into_inner()));
-    recorded.into_iter().map(|(op, dtype, computed)| format!("{op}\t{dtype}\t{computed}\n")).collect()
+    recorded
+        .into_iter()
+        .map(|(op, dtype, computed)| format!("{op}\t{dtype}\t{computed}\n"))
+        .collect()
 }
 
 /// `take()` for the Python bindings: the text lives until the next call.
@@ -40,7 +43,10 @@ mod tests {
         record("aten::histc", "Int", "Double");
         record("aten::histc", "Int", "Double");
         record("aten::mm.out", "Long", "Long");
-        assert_eq!(take(), "aten::histc\tInt\tDouble\naten::mm.out\tLong\tLong\n");
+        assert_eq!(
+            take(),
+            "aten::histc\tInt\tDouble\naten::mm.out\tLong\tLong\n"
+        );
         assert_eq!(take(), "");
     }
 }

@@ -46,7 +46,11 @@ struct Recorded {
 impl Recorded {
     /// The capture the event was recorded in, while that capture lasts.
     fn active_capture(&self) -> Option<&(Arc<Capture>, usize)> {
-        self.captured.as_ref().filter(|(capture, _)| self.stream.capture().is_some_and(|c| Arc::ptr_eq(&c, capture)))
+        self.captured.as_ref().filter(|(capture, _)| {
+            self.stream
+                .capture()
+                .is_some_and(|c| Arc::ptr_eq(&c, capture))
+        })
     }
 }
 
@@ -75,7 +79,11 @@ impl Event {
     pub fn new(device: i64, timing: bool) -> Result<Arc<Event>> {
         let device = device::check_index(device)?;
         Lazy::force(&EPOCH);
-        Ok(Arc::new(Event { device, timing, state: Mutex::new(EventState::default()) }))
+        Ok(Arc::new(Event {
+            device,
+            timing,
+            state: Mutex::new(EventState::default()),
+        }))
     }
 
     pub fn device(&self) -> DeviceIndex {
@@ -96,19 +104,34 @@ impl Event {
         }
         crate::device_stop::check_running(self.device)?;
         if crate::fault::strikes(crate::fault::Fault::Event) {
-            return Err(crate::fault::error(crate::fault::Fault::Event, &format!("recording an event on {stream} failed")));
+            return Err(crate::fault::error(
+                crate::fault::Fault::Event,
+                &format!("recording an event on {stream} failed"),
+            ));
         }
         let mut st = self.state.lock();
         let version = st.recorded.as_ref().map_or(1, |r| r.version + 1);
         if let Some(capture) = stream.capture() {
             let node = capture.record_event(stream);
-            st.recorded = Some(Recorded { version, stream, seq: stream.marker(), captured: Some((capture, node)), clock: None });
+            st.recorded = Some(Recorded {
+                version,
+                stream,
+                seq: stream.marker(),
+                captured: Some((capture, node)),
+                clock: None,
+            });
             return Ok(());
         }
         let timestamp = self.timing.then(|| (Arc::clone(self), version));
         // Lock order: event, then stream (`mark` locks the stream).
         let (seq, reached_at) = stream.mark(timestamp)?;
-        st.recorded = Some(Recorded { version, stream, seq, captured: None, clock: sanitizer::stream_point(stream) });
+        st.recorded = Some(Recorded {
+            version,
+            stream,
+            seq,
+            captured: None,
+            clock: sanitizer::stream_point(stream),
+        });
         if let Some(at) = reached_at {
             st.stamped = Some((version, at));
         }
@@ -132,7 +155,10 @@ impl Event {
                     sanitizer::stream_waits(stream, &clock);
                 }
                 if !std::ptr::eq(source, stream) && !source.has_completed(seq) {
-                    stream.submit(Task::WaitFor { stream: source, seq })?;
+                    stream.submit(Task::WaitFor {
+                        stream: source,
+                        seq,
+                    })?;
                 }
                 Ok(())
             }
@@ -148,7 +174,11 @@ impl Event {
         match (&recorded.captured, recorded.active_capture()) {
             (_, Some((capture, node))) => Some(Target::Captured(Arc::clone(capture), *node)),
             (Some(_), None) => None,
-            (None, _) => Some(Target::Point(recorded.stream, recorded.seq, recorded.clock.clone())),
+            (None, _) => Some(Target::Point(
+                recorded.stream,
+                recorded.seq,
+                recorded.clock.clone(),
+            )),
         }
     }
 
@@ -213,13 +243,17 @@ impl Event {
         }
         let st = self.state.lock();
         let Some(recorded) = st.recorded.as_ref() else {
-            return Err(Error::invalid_value(format!("elapsed_time: the {role} event has not been recorded")));
+            return Err(Error::invalid_value(format!(
+                "elapsed_time: the {role} event has not been recorded"
+            )));
         };
         match st.stamped {
             Some((version, at)) if version == recorded.version => Ok(at),
             _ => Err(Error::new(
                 ErrorKind::NotReady,
-                format!("elapsed_time: the {role} event has not completed yet (synchronize it first)"),
+                format!(
+                    "elapsed_time: the {role} event has not completed yet (synchronize it first)"
+                ),
             )),
         }
     }
@@ -273,7 +307,10 @@ pub mod handle {
         free: Vec<u32>,
     }
 
-    static REGISTRY: Mutex<Registry> = Mutex::new(Registry { slots: Vec::new(), free: Vec::new() });
+    static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+        slots: Vec::new(),
+        free: Vec::new(),
+    });
 
     fn encode(slot: u32, generation: u32) -> usize {
         ((slot as usize + 1) << 32) | generation as usize
@@ -303,7 +340,10 @@ pub mod handle {
             Some(slot) => slot,
             None => {
                 let slot = u32::try_from(reg.slots.len()).expect("too many live openreg events");
-                reg.slots.push(Slot { generation: 1, event: None });
+                reg.slots.push(Slot {
+                    generation: 1,
+                    event: None,
+                });
                 slot
             }
         };
@@ -316,7 +356,9 @@ pub mod handle {
     pub fn get(handle: usize) -> Result<Arc<Event>> {
         let reg = REGISTRY.lock();
         decode(handle)
-            .and_then(|(slot, generation)| reg.slots.get(slot).filter(|s| s.generation == generation))
+            .and_then(|(slot, generation)| {
+                reg.slots.get(slot).filter(|s| s.generation == generation)
+            })
             .and_then(|s| s.event.clone())
             .ok_or_else(|| invalid(handle))
     }
@@ -330,7 +372,10 @@ pub mod handle {
             let Some((slot, generation)) = decode(handle) else {
                 return Err(invalid(handle));
             };
-            let Some(entry) = reg.slots.get_mut(slot).filter(|s| s.generation == generation && s.event.is_some())
+            let Some(entry) = reg
+                .slots
+                .get_mut(slot)
+                .filter(|s| s.generation == generation && s.event.is_some())
             else {
                 return Err(invalid(handle));
             };

@@ -32,16 +32,24 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const NAMES: [(&'static str, Fault); 4] =
-        [("alloc", Fault::Alloc), ("kernel", Fault::Kernel), ("event", Fault::Event), ("enumerate", Fault::Enumerate)];
+    pub const NAMES: [(&'static str, Fault); 4] = [
+        ("alloc", Fault::Alloc),
+        ("kernel", Fault::Kernel),
+        ("event", Fault::Event),
+        ("enumerate", Fault::Enumerate),
+    ];
 
     pub fn from_name(name: &str) -> Result<Fault> {
-        Fault::NAMES.iter().find(|(n, _)| *n == name).map(|(_, f)| *f).ok_or_else(|| {
-            Error::invalid_value(format!(
-                "unknown fault kind {name:?}: expected one of {}",
-                Fault::NAMES.map(|(n, _)| n).join(", ")
-            ))
-        })
+        Fault::NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, f)| *f)
+            .ok_or_else(|| {
+                Error::invalid_value(format!(
+                    "unknown fault kind {name:?}: expected one of {}",
+                    Fault::NAMES.map(|(n, _)| n).join(", ")
+                ))
+            })
     }
 
     pub fn name(self) -> &'static str {
@@ -55,7 +63,10 @@ impl Fault {
             Some((kind, after)) => (kind, after.parse().ok()?),
             None => (text, 0),
         };
-        Fault::NAMES.iter().find(|(name, _)| name.eq_ignore_ascii_case(kind)).map(|(_, fault)| (*fault, after))
+        Fault::NAMES
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(kind))
+            .map(|(_, fault)| (*fault, after))
     }
 }
 
@@ -96,18 +107,27 @@ pub fn strikes(fault: Fault) -> bool {
     if countdown.load(Ordering::Relaxed) == 0 {
         return false;
     }
-    countdown.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok_and(|before| before == 1)
+    countdown
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+        .is_ok_and(|before| before == 1)
 }
 
 /// The error of an injected `fault`, naming `what` failed (an allocation
 /// fails as out of memory).
 pub fn error(fault: Fault, what: &str) -> Error {
-    let kind = if fault == Fault::Alloc { ErrorKind::OutOfMemory } else { ErrorKind::InvalidValue };
+    let kind = if fault == Fault::Alloc {
+        ErrorKind::OutOfMemory
+    } else {
+        ErrorKind::InvalidValue
+    };
     let by = match BY_OPTION[fault as usize].load(Ordering::Relaxed) {
         true => "OPENREG_FAULT",
         false => "torch.openreg._inject_fault",
     };
-    Error::new(kind, format!("injected fault ({}): {what} ({by})", fault.name()))
+    Error::new(
+        kind,
+        format!("injected fault ({}): {what} ({by})", fault.name()),
+    )
 }
 
 #[cfg(test)]
@@ -118,19 +138,41 @@ mod tests {
     fn after_n_successes_one_failure() {
         assert!(!strikes(Fault::Event));
         inject(Fault::Event, 2);
-        assert_eq!([strikes(Fault::Event), strikes(Fault::Event), strikes(Fault::Event), strikes(Fault::Event)], [false, false, true, false]);
+        assert_eq!(
+            [
+                strikes(Fault::Event),
+                strikes(Fault::Event),
+                strikes(Fault::Event),
+                strikes(Fault::Event)
+            ],
+            [false, false, true, false]
+        );
         inject(Fault::Event, 0);
         assert!(strikes(Fault::Event));
         assert!(!strikes(Fault::Event));
-        assert!(Fault::from_name("disk").unwrap_err().message.contains("alloc, kernel, event, enumerate"));
+        assert!(Fault::from_name("disk")
+            .unwrap_err()
+            .message
+            .contains("alloc, kernel, event, enumerate"));
     }
 
     #[test]
     fn option_text() {
         assert_eq!(Fault::parse_option("alloc"), Some((Fault::Alloc, 0)));
         assert_eq!(Fault::parse_option("Kernel:3"), Some((Fault::Kernel, 3)));
-        assert_eq!(Fault::parse_option("enumerate:0"), Some((Fault::Enumerate, 0)));
-        for bad in ["disk", "alloc:", "alloc:-1", "alloc:x", ":2", "event:1:2", "alloc 2"] {
+        assert_eq!(
+            Fault::parse_option("enumerate:0"),
+            Some((Fault::Enumerate, 0))
+        );
+        for bad in [
+            "disk",
+            "alloc:",
+            "alloc:-1",
+            "alloc:x",
+            ":2",
+            "event:1:2",
+            "alloc 2",
+        ] {
             assert_eq!(Fault::parse_option(bad), None, "{bad:?}");
         }
     }

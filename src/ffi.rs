@@ -14,10 +14,10 @@ use std::sync::Arc;
 use crate::allocator;
 use crate::device;
 use crate::error::Result;
-use crate::memory;
-use crate::pinned;
 use crate::event::{handle, Event};
 use crate::generator::{self, Distribution, Element, Generator};
+use crate::memory;
+use crate::pinned;
 use crate::stream::{self, StreamId};
 
 #[cxx::bridge(namespace = "openreg::ffi")]
@@ -175,7 +175,13 @@ mod bridge {
 
         // Events; `event` is 0 until the first record creates it. Handles are
         // checked (Note [Event handles] in src/event.rs).
-        fn record_event(event: &mut usize, event_device: i8, device: i8, id: i64, timing: bool) -> Result<()>;
+        fn record_event(
+            event: &mut usize,
+            event_device: i8,
+            device: i8,
+            id: i64,
+            timing: bool,
+        ) -> Result<()>;
         fn block_event(event: usize, device: i8, id: i64) -> Result<()>;
         fn query_event(event: usize) -> Result<bool>;
         fn synchronize_event(event: usize) -> Result<()>;
@@ -195,8 +201,8 @@ mod bridge {
         fn memory_info(device: i8) -> Result<MemoryInfo>;
         fn set_memory_fraction(device: i8, fraction: f64) -> Result<()>;
         fn any_device_initialized() -> bool;
-        /// `OPENREG_KERNEL_THREADS` (Note [Kernel threads]).
-        fn kernel_threads() -> usize;
+        /// `OPENREG_SPLIT_ELEMENTS` (Note [Split kernels] in cpp/kernel_split.h).
+        fn split_elements() -> usize;
         /// `OPENREG_DTYPES` (Note [Dtype policy] in cpp/dtype_policy.h).
         fn dtype_policy() -> DtypePolicy;
         /// Under `OPENREG_DTYPES=record`: one kernel call (`dtype_record`).
@@ -230,6 +236,9 @@ mod bridge {
         /// Whether the current stream of `device` has a failure to report;
         /// one atomic load (false for a device that cannot be reached).
         fn stream_has_parked_failure(device: i8) -> bool;
+        /// Whether the current stream of `device` has finished all its
+        /// work (no report, no sanitizer effect: the runtime asking).
+        fn current_stream_idle(device: i8) -> Result<bool>;
         /// Makes the current stream of `waiter` wait for everything queued so
         /// far on the current stream of `device`.
         fn stream_wait_stream(waiter: i8, device: i8) -> Result<()>;
@@ -238,14 +247,25 @@ mod bridge {
         // while `openreg_sanitizer_on` is set.
         /// Checks a launch named `name` on the current stream of `device`
         /// that accesses `count` buffers at `buffers`.
-        unsafe fn sanitize_launch(device: i8, name: *const c_char, buffers: *const KernelBuffer, count: usize) -> Result<()>;
+        unsafe fn sanitize_launch(
+            device: i8,
+            name: *const c_char,
+            buffers: *const KernelBuffer,
+            count: usize,
+        ) -> Result<()>;
         /// The host has waited for everything launched so far on the
         /// current stream of `device`, as the user asked (a blocking copy,
         /// `.item()`).
         fn sanitizer_host_waited(device: i8) -> Result<()>;
         /// Guards pinned host memory of a non-blocking copy just launched on
         /// the current stream of `device` (Note [Pinned memory guard]).
-        fn sanitizer_guard_pinned(device: i8, address: usize, bytes: usize, device_writes: bool, tensor: usize) -> Result<()>;
+        fn sanitizer_guard_pinned(
+            device: i8,
+            address: usize,
+            bytes: usize,
+            device_writes: bool,
+            tensor: usize,
+        ) -> Result<()>;
 
         // Generators (src/generator.rs). A `Generator` is a handle: the
         // handles of a device's default generator share its state.
@@ -266,9 +286,14 @@ mod bridge {
         /// Validates `fill` and reserves the draws of `numel` values.
         fn reserve_random(g: &Generator, fill: &RandomFill, numel: u64) -> Result<RandomSlice>;
         fn reserve_randperm(g: &Generator, n: u64) -> Result<RandomSlice>;
-        /// Writes `numel` values of `fill` at `data` (threads: see
-        /// `generator::fill_threads`).
-        unsafe fn random_fill(data: usize, numel: usize, fill: &RandomFill, slice: RandomSlice) -> Result<()>;
+        /// Writes `numel` values of `fill` at `data`, split across the
+        /// kernel pool (Note [Kernel pool]).
+        unsafe fn random_fill(
+            data: usize,
+            numel: usize,
+            fill: &RandomFill,
+            slice: RandomSlice,
+        ) -> Result<()>;
         /// Writes a random permutation of `0..n` as int64 at `data`.
         unsafe fn random_permutation(data: usize, n: usize, slice: RandomSlice);
 
@@ -337,12 +362,12 @@ mod bridge {
 // thread at a time: the stream worker it was handed to.
 unsafe impl Send for bridge::Kernel {}
 
+use crate::graph::{CaptureMode, Graph};
 pub use bridge::{backend_registered, emit_warning, register_backend};
 use bridge::{
-    Allocation, DeviceStatsFfi, Kernel, LaunchMode, MemoryInfo, PoolId, ProfiledActivity, RandomElement, RandomFill, RandomKind, RandomSlice,
-    StatArrayFfi, StatFfi,
+    Allocation, DeviceStatsFfi, Kernel, LaunchMode, MemoryInfo, PoolId, ProfiledActivity,
+    RandomElement, RandomFill, RandomKind, RandomSlice, StatArrayFfi, StatFfi,
 };
-use crate::graph::{CaptureMode, Graph};
 
 // Note [Guard hot path]: a c10::DeviceGuard costs an exchange and a restore
 // of the current device. The guard (cpp/guard.cpp) does both inline on the
@@ -435,7 +460,10 @@ fn default_stream(device: i8) -> Result<i64> {
 }
 
 fn pool_stream(device: i8, priority: i32) -> Result<i64> {
-    Ok(device::context(device::resolve(device.into()))?.streams.from_pool(priority).id())
+    Ok(device::context(device::resolve(device.into()))?
+        .streams
+        .from_pool(priority)
+        .id())
 }
 
 fn exchange_stream(device: i8, id: i64) -> Result<i64> {
@@ -469,12 +497,22 @@ fn synchronize_stream(device: i8, id: i64) -> Result<()> {
 /// `event` is 0 (created here, on its first record) or a handle from an
 /// earlier `record_event`; a destroyed or garbage handle is an error
 /// (Note [Event handles]).
-fn record_event(event: &mut usize, event_device: i8, device: i8, id: i64, timing: bool) -> Result<()> {
+fn record_event(
+    event: &mut usize,
+    event_device: i8,
+    device: i8,
+    id: i64,
+    timing: bool,
+) -> Result<()> {
     let stream = stream::lookup(device.into(), id)?;
     if *event == 0 {
         // PyTorch passes -1 for an event that has not taken a device yet: it
         // belongs to the device of the stream that first records it.
-        let owner = if event_device == -1 { stream.device().into() } else { event_device.into() };
+        let owner = if event_device == -1 {
+            stream.device().into()
+        } else {
+            event_device.into()
+        };
         *event = handle::into_raw(Event::new(owner, timing)?);
     }
     handle::get(*event)?.record(stream)
@@ -522,11 +560,22 @@ fn event_elapsed_ms(start: usize, end: usize, device: i8) -> Result<f64> {
 }
 
 fn device_malloc(device: i8, size: usize) -> Allocation {
-    let failed = |error: crate::error::Error, out_of_memory| Allocation { ptr: 0, out_of_memory, error: error.message };
-    let result = stream::current(device.into())
-        .and_then(|stream| Ok(device::context(stream.device().into())?.allocator.malloc(size, stream)));
+    let failed = |error: crate::error::Error, out_of_memory| Allocation {
+        ptr: 0,
+        out_of_memory,
+        error: error.message,
+    };
+    let result = stream::current(device.into()).and_then(|stream| {
+        Ok(device::context(stream.device().into())?
+            .allocator
+            .malloc(size, stream))
+    });
     match result {
-        Ok(Ok(ptr)) => Allocation { ptr, out_of_memory: false, error: String::new() },
+        Ok(Ok(ptr)) => Allocation {
+            ptr,
+            out_of_memory: false,
+            error: String::new(),
+        },
         Ok(Err(e)) => failed(e.error, e.out_of_memory),
         Err(e) => failed(e, false),
     }
@@ -542,10 +591,14 @@ fn device_of_pointer(ptr: usize) -> i8 {
 
 fn record_stream(ptr: usize, device: i8, id: i64) -> Result<()> {
     let owner = allocator::device_of(ptr).ok_or_else(|| {
-        crate::error::Error::invalid_value(format!("record_stream: {ptr:#x} is not openreg device memory"))
+        crate::error::Error::invalid_value(format!(
+            "record_stream: {ptr:#x} is not openreg device memory"
+        ))
     })?;
     let stream = stream::lookup(device.into(), id)?;
-    device::context(owner.into())?.allocator.record_stream(ptr, stream)
+    device::context(owner.into())?
+        .allocator
+        .record_stream(ptr, stream)
 }
 
 fn empty_cache() {
@@ -553,15 +606,24 @@ fn empty_cache() {
 }
 
 fn stat(s: allocator::Stat) -> StatFfi {
-    StatFfi { current: s.current, peak: s.peak, allocated: s.allocated, freed: s.freed }
+    StatFfi {
+        current: s.current,
+        peak: s.peak,
+        allocated: s.allocated,
+        freed: s.freed,
+    }
 }
 
 fn stat_array(a: allocator::StatArray) -> StatArrayFfi {
-    StatArrayFfi { pools: a.0.map(stat) }
+    StatArrayFfi {
+        pools: a.0.map(stat),
+    }
 }
 
 fn device_stats(device: i8) -> Result<DeviceStatsFfi> {
-    let s = device::context(device::resolve(device.into()))?.allocator.stats();
+    let s = device::context(device::resolve(device.into()))?
+        .allocator
+        .stats();
     Ok(DeviceStatsFfi {
         allocation: stat_array(s.allocation),
         segment: stat_array(s.segment),
@@ -584,30 +646,38 @@ fn device_stats(device: i8) -> Result<DeviceStatsFfi> {
 }
 
 fn reset_peak_stats(device: i8) -> Result<()> {
-    device::context(device::resolve(device.into()))?.allocator.reset_peak_stats();
+    device::context(device::resolve(device.into()))?
+        .allocator
+        .reset_peak_stats();
     Ok(())
 }
 
 fn reset_accumulated_stats(device: i8) -> Result<()> {
-    device::context(device::resolve(device.into()))?.allocator.reset_accumulated_stats();
+    device::context(device::resolve(device.into()))?
+        .allocator
+        .reset_accumulated_stats();
     Ok(())
 }
 
 fn memory_info(device: i8) -> Result<MemoryInfo> {
-    let (free, total) = device::context(device::resolve(device.into()))?.allocator.memory_info();
+    let (free, total) = device::context(device::resolve(device.into()))?
+        .allocator
+        .memory_info();
     Ok(MemoryInfo { free, total })
 }
 
 fn set_memory_fraction(device: i8, fraction: f64) -> Result<()> {
-    device::context(device::resolve(device.into()))?.allocator.set_memory_fraction(fraction)
+    device::context(device::resolve(device.into()))?
+        .allocator
+        .set_memory_fraction(fraction)
 }
 
 fn any_device_initialized() -> bool {
     device::existing_contexts().next().is_some()
 }
 
-fn kernel_threads() -> usize {
-    crate::options::get().kernel_threads
+fn split_elements() -> usize {
+    crate::options::get().split_elements
 }
 
 fn record_kernel_dtype(op: &str, dtype: &str, computed: &str) {
@@ -658,6 +728,10 @@ fn report_stream_failure(device: i8) -> Result<()> {
     stream::current(device.into())?.take_failure()
 }
 
+fn current_stream_idle(device: i8) -> Result<bool> {
+    Ok(stream::current(device.into())?.query())
+}
+
 fn stream_has_parked_failure(device: i8) -> bool {
     stream::current(device.into()).is_ok_and(|stream| stream.has_parked_failure())
 }
@@ -677,10 +751,15 @@ fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMod
     } else {
         String::new()
     };
-    let profiled_name = if crate::profiler::is_active() { name.text().into_owned() } else { String::new() };
+    let profiled_name = if crate::profiler::is_active() {
+        name.text().into_owned()
+    } else {
+        String::new()
+    };
     let work: crate::graph::Work = Box::new(move || {
         let kernel = kernel.as_mut().expect("a launched kernel is never null");
-        bridge::run_kernel(kernel).map_err(|e| crate::error::Error::invalid_value(e.what().to_string()))
+        bridge::run_kernel(kernel)
+            .map_err(|e| crate::error::Error::invalid_value(e.what().to_string()))
     });
     let task = stream::Task::Run(crate::profiler::timed(profiled_name, stream, work));
     match mode {
@@ -694,42 +773,73 @@ fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMod
 }
 
 fn stream_wait_stream(waiter: i8, device: i8) -> Result<()> {
-    let (waiter, source) = (stream::current(waiter.into())?, stream::current(device.into())?);
+    let (waiter, source) = (
+        stream::current(waiter.into())?,
+        stream::current(device.into())?,
+    );
     crate::sanitizer::stream_waits_stream(waiter, source);
     let seq = source.marker();
     if std::ptr::eq(waiter, source) || source.has_completed(seq) {
         return Ok(());
     }
-    waiter.submit(stream::Task::WaitFor { stream: source, seq }).map(drop)
+    waiter
+        .submit(stream::Task::WaitFor {
+            stream: source,
+            seq,
+        })
+        .map(drop)
 }
 
 /// # Safety
 /// `buffers` points to `count` `KernelBuffer`s (cpp/shim.h), laid out as
 /// `sanitizer::KernelBuffer` (the shim asserts it).
-unsafe fn sanitize_launch(device: i8, name: *const c_char, buffers: *const bridge::KernelBuffer, count: usize) -> Result<()> {
+unsafe fn sanitize_launch(
+    device: i8,
+    name: *const c_char,
+    buffers: *const bridge::KernelBuffer,
+    count: usize,
+) -> Result<()> {
     let stream = stream::current(device.into())?;
     let buffers = match count {
         0 => &[][..],
         // SAFETY: per this function's contract.
-        _ => unsafe { std::slice::from_raw_parts(buffers.cast::<crate::sanitizer::KernelBuffer>(), count) },
+        _ => unsafe {
+            std::slice::from_raw_parts(buffers.cast::<crate::sanitizer::KernelBuffer>(), count)
+        },
     };
     // SAFETY: a kernel's name lives for the process (cpp/shim.h).
     let name = unsafe { stream::TaskName::kernel_from_ptr(name) };
-    crate::sanitizer::check_launch(stream, name, buffers, &|tensor| bridge::describe_tensor(tensor))
+    crate::sanitizer::check_launch(stream, name, buffers, &|tensor| {
+        bridge::describe_tensor(tensor)
+    })
 }
 
 fn sanitizer_host_waited(device: i8) -> Result<()> {
     crate::sanitizer::host_waited_for_stream(stream::current(device.into())?)
 }
 
-fn sanitizer_guard_pinned(device: i8, address: usize, bytes: usize, device_writes: bool, tensor: usize) -> Result<()> {
+fn sanitizer_guard_pinned(
+    device: i8,
+    address: usize,
+    bytes: usize,
+    device_writes: bool,
+    tensor: usize,
+) -> Result<()> {
     let stream = stream::current(device.into())?;
-    crate::sanitizer::guard_pinned_copy(stream, address, bytes, device_writes, &bridge::describe_tensor(tensor));
+    crate::sanitizer::guard_pinned_copy(
+        stream,
+        address,
+        bytes,
+        device_writes,
+        &bridge::describe_tensor(tensor),
+    );
     Ok(())
 }
 
 fn default_generator(device: i8) -> Result<Box<Generator>> {
-    Ok(Box::new(Generator::default_for(device::resolve(device.into()))?))
+    Ok(Box::new(Generator::default_for(device::resolve(
+        device.into(),
+    ))?))
 }
 
 fn new_generator(seed: u64) -> Box<Generator> {
@@ -777,15 +887,29 @@ fn distribution(fill: &RandomFill) -> Result<(Distribution, Element)> {
         RandomKind::Exponential => Distribution::Exponential { lambda: a },
         RandomKind::Geometric => Distribution::Geometric { p: a },
         RandomKind::LogNormal => Distribution::LogNormal { mean: a, std: b },
-        RandomKind::Cauchy => Distribution::Cauchy { median: a, sigma: b },
-        RandomKind::Integers => Distribution::Integers { from: fill.from, range: fill.range },
-        _ => return Err(crate::error::Error::invalid_value("unknown random distribution")),
+        RandomKind::Cauchy => Distribution::Cauchy {
+            median: a,
+            sigma: b,
+        },
+        RandomKind::Integers => Distribution::Integers {
+            from: fill.from,
+            range: fill.range,
+        },
+        _ => {
+            return Err(crate::error::Error::invalid_value(
+                "unknown random distribution",
+            ))
+        }
     };
     let element = match fill.element {
         RandomElement::F32 => Element::F32,
         RandomElement::F64 => Element::F64,
         RandomElement::I64 => Element::I64,
-        _ => return Err(crate::error::Error::invalid_value("unknown random element type")),
+        _ => {
+            return Err(crate::error::Error::invalid_value(
+                "unknown random element type",
+            ))
+        }
     };
     dist.validate(element)?;
     Ok((dist, element))
@@ -805,16 +929,27 @@ fn reserve_randperm(g: &Generator, n: u64) -> Result<RandomSlice> {
 /// base if that stream is capturing.
 fn reserve(g: &Generator, draws: u64) -> Result<RandomSlice> {
     if let Some((relative, cell)) = crate::graph::reserve_random_in_capture(g, draws)? {
-        return Ok(RandomSlice { seed: 0, base: relative, replay: Arc::as_ptr(&cell) as usize });
+        return Ok(RandomSlice {
+            seed: 0,
+            base: relative,
+            replay: Arc::as_ptr(&cell) as usize,
+        });
     }
     let slice = g.reserve(draws);
-    Ok(RandomSlice { seed: slice.seed, base: slice.base, replay: 0 })
+    Ok(RandomSlice {
+        seed: slice.seed,
+        base: slice.base,
+        replay: 0,
+    })
 }
 
 /// Where a kernel with `slice` draws from now.
 fn philox_slice(slice: &RandomSlice) -> generator::PhiloxSlice {
     if slice.replay == 0 {
-        return generator::PhiloxSlice { seed: slice.seed, base: slice.base };
+        return generator::PhiloxSlice {
+            seed: slice.seed,
+            base: slice.base,
+        };
     }
     // SAFETY: `replay` is the address of a cell of the graph whose node
     // runs this kernel; the graph owns the cell and outlives its nodes' runs.
@@ -825,18 +960,34 @@ fn philox_slice(slice: &RandomSlice) -> generator::PhiloxSlice {
 /// # Safety
 /// `data` points to `numel` writable, suitably aligned elements of
 /// `fill.element` that nothing else accesses during the call.
-unsafe fn random_fill(data: usize, numel: usize, fill: &RandomFill, slice: RandomSlice) -> Result<()> {
+unsafe fn random_fill(
+    data: usize,
+    numel: usize,
+    fill: &RandomFill,
+    slice: RandomSlice,
+) -> Result<()> {
     let (dist, element) = distribution(fill)?;
     if numel == 0 {
         return Ok(()); // `data` may be null
     }
     let slice = philox_slice(&slice);
-    let threads = generator::fill_threads(numel);
     // SAFETY (all three): per this function's contract.
     match element {
-        Element::F32 => generator::fill(unsafe { std::slice::from_raw_parts_mut(data as *mut f32, numel) }, dist, slice, threads),
-        Element::F64 => generator::fill(unsafe { std::slice::from_raw_parts_mut(data as *mut f64, numel) }, dist, slice, threads),
-        Element::I64 => generator::fill(unsafe { std::slice::from_raw_parts_mut(data as *mut i64, numel) }, dist, slice, threads),
+        Element::F32 => generator::fill(
+            unsafe { std::slice::from_raw_parts_mut(data as *mut f32, numel) },
+            dist,
+            slice,
+        ),
+        Element::F64 => generator::fill(
+            unsafe { std::slice::from_raw_parts_mut(data as *mut f64, numel) },
+            dist,
+            slice,
+        ),
+        Element::I64 => generator::fill(
+            unsafe { std::slice::from_raw_parts_mut(data as *mut i64, numel) },
+            dist,
+            slice,
+        ),
     }
     Ok(())
 }
@@ -862,7 +1013,11 @@ fn graph_capture_begin(g: &Graph, pool: PoolId, mode: i8) -> Result<()> {
         0 | 1 => CaptureMode::Global,
         2 => CaptureMode::ThreadLocal,
         3 => CaptureMode::Relaxed,
-        _ => return Err(crate::error::Error::invalid_value(format!("capture_begin: unknown capture mode {mode}"))),
+        _ => {
+            return Err(crate::error::Error::invalid_value(format!(
+                "capture_begin: unknown capture mode {mode}"
+            )))
+        }
     };
     g.capture_begin((pool.first, pool.second), mode)
 }
@@ -897,7 +1052,10 @@ fn graph_debug_dot(g: &Graph) -> Result<String> {
 }
 
 fn is_stream_capturing(device: i8, id: i64) -> Result<bool> {
-    Ok(crate::graph::is_capturing(stream::lookup(device.into(), id)?))
+    Ok(crate::graph::is_capturing(stream::lookup(
+        device.into(),
+        id,
+    )?))
 }
 
 fn is_current_stream_capturing(device: i8) -> Result<bool> {

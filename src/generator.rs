@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 
 use crate::device::{self, DeviceIndex};
 use crate::error::{Error, Result};
-use crate::options::{self, MAX_DEVICES};
+use crate::options::MAX_DEVICES;
 
 /// PyTorch's default seed (`c10::default_rng_seed_val`): every default
 /// generator starts with it, as CUDA's do.
@@ -55,7 +55,12 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
         }
         let p0 = u64::from(PHILOX_M0) * u64::from(c0);
         let p1 = u64::from(PHILOX_M1) * u64::from(c2);
-        (c0, c1, c2, c3) = ((p1 >> 32) as u32 ^ c1 ^ k0, p1 as u32, (p0 >> 32) as u32 ^ c3 ^ k1, p0 as u32);
+        (c0, c1, c2, c3) = (
+            (p1 >> 32) as u32 ^ c1 ^ k0,
+            p1 as u32,
+            (p0 >> 32) as u32 ^ c3 ^ k1,
+            p0 as u32,
+        );
     }
     [c0, c1, c2, c3]
 }
@@ -121,20 +126,31 @@ static DEFAULTS: [once_cell::sync::OnceCell<Arc<Mutex<PhiloxState>>>; MAX_DEVICE
 impl Generator {
     /// A new generator with `seed` and offset 0.
     pub fn new(seed: u64) -> Generator {
-        Generator { state: Arc::new(Mutex::new(PhiloxState { seed, offset: 0 })) }
+        Generator {
+            state: Arc::new(Mutex::new(PhiloxState { seed, offset: 0 })),
+        }
     }
 
     /// A handle to device `index`'s default generator, created on first use
     /// with `DEFAULT_SEED`. Creating it does not initialize the device.
     pub fn default_for(index: i64) -> Result<Generator> {
         let index: DeviceIndex = device::check_index(index)?;
-        let state = DEFAULTS[index as usize].get_or_init(|| Arc::new(Mutex::new(PhiloxState { seed: DEFAULT_SEED, offset: 0 })));
-        Ok(Generator { state: Arc::clone(state) })
+        let state = DEFAULTS[index as usize].get_or_init(|| {
+            Arc::new(Mutex::new(PhiloxState {
+                seed: DEFAULT_SEED,
+                offset: 0,
+            }))
+        });
+        Ok(Generator {
+            state: Arc::clone(state),
+        })
     }
 
     /// An independent generator with a copy of this one's state.
     pub fn fork(&self) -> Generator {
-        Generator { state: Arc::new(Mutex::new(*self.state.lock())) }
+        Generator {
+            state: Arc::new(Mutex::new(*self.state.lock())),
+        }
     }
 
     pub fn seed(&self) -> u64 {
@@ -164,13 +180,18 @@ impl Generator {
 
     /// Another handle to this generator's state (not a copy: see `fork`).
     pub fn share(&self) -> Generator {
-        Generator { state: Arc::clone(&self.state) }
+        Generator {
+            state: Arc::clone(&self.state),
+        }
     }
 
     /// Hands out the next `draws` draws. See Note [Philox offsets].
     pub fn reserve(&self, draws: u64) -> PhiloxSlice {
         let mut st = self.state.lock();
-        let slice = PhiloxSlice { seed: st.seed, base: st.offset };
+        let slice = PhiloxSlice {
+            seed: st.seed,
+            base: st.offset,
+        };
         st.offset = st.offset.wrapping_add(round_up_to_block(draws));
         slice
     }
@@ -192,7 +213,9 @@ impl Generator {
                 bytes.len()
             )));
         }
-        let word = |range: std::ops::Range<usize>| u64::from_le_bytes(bytes[range].try_into().expect("8 bytes"));
+        let word = |range: std::ops::Range<usize>| {
+            u64::from_le_bytes(bytes[range].try_into().expect("8 bytes"))
+        };
         let (seed, offset) = (word(0..8), word(8..16));
         check_offset(offset)?;
         *self.state.lock() = PhiloxState { seed, offset };
@@ -223,7 +246,9 @@ pub fn nondeterministic_seed() -> u64 {
         u64::from_le_bytes(bytes)
     } else {
         // No entropy source: the clock still differs run to run.
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
         (now.as_nanos() as u64) ^ (std::process::id() as u64).rotate_left(32)
     }
 }
@@ -234,18 +259,39 @@ pub fn nondeterministic_seed() -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Distribution {
     /// Uniform on `[from, to)`.
-    Uniform { from: f64, to: f64 },
-    Normal { mean: f64, std: f64 },
+    Uniform {
+        from: f64,
+        to: f64,
+    },
+    Normal {
+        mean: f64,
+        std: f64,
+    },
     /// 1 with probability `p`, else 0.
-    Bernoulli { p: f64 },
-    Exponential { lambda: f64 },
+    Bernoulli {
+        p: f64,
+    },
+    Exponential {
+        lambda: f64,
+    },
     /// The number of trials up to the first success, `>= 1`.
-    Geometric { p: f64 },
+    Geometric {
+        p: f64,
+    },
     /// `exp` of a normal with `mean` and `std`.
-    LogNormal { mean: f64, std: f64 },
-    Cauchy { median: f64, sigma: f64 },
+    LogNormal {
+        mean: f64,
+        std: f64,
+    },
+    Cauchy {
+        median: f64,
+        sigma: f64,
+    },
     /// Integers `from + (x mod range)`; `range == 0` means 2^64.
-    Integers { from: i64, range: u64 },
+    Integers {
+        from: i64,
+        range: u64,
+    },
 }
 
 /// The element type of the buffer a fill writes.
@@ -303,12 +349,19 @@ impl Distribution {
     }
 
     fn pairs(&self) -> bool {
-        matches!(self, Distribution::Normal { .. } | Distribution::LogNormal { .. })
+        matches!(
+            self,
+            Distribution::Normal { .. } | Distribution::LogNormal { .. }
+        )
     }
 
     /// The draws a fill of `numel` values uses.
     pub fn draws(&self, element: Element, numel: u64) -> u64 {
-        let values = if self.pairs() { numel + numel % 2 } else { numel };
+        let values = if self.pairs() {
+            numel + numel % 2
+        } else {
+            numel
+        };
         values.saturating_mul(self.draws_per_value(element))
     }
 }
@@ -346,51 +399,40 @@ impl Float for f64 {
     }
 }
 
-/// Values per thread below which a fill is not split (thread start-up would
-/// cost more than it saves).
-const MIN_VALUES_PER_THREAD: usize = 1 << 17;
-
 /// Values generated per batch of draws (a multiple of 2: pairs never span
 /// batches; small enough to stay in L1).
 const BATCH: usize = 512;
 
-/// How many threads a fill of `numel` values uses: `OPENREG_RANDOM_THREADS`
-/// if set, else the available cores, fewer for small fills.
-pub fn fill_threads(numel: usize) -> usize {
-    let configured = options::get().random_threads;
-    let cores = if configured > 0 { configured } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
-    cores.min(numel / MIN_VALUES_PER_THREAD).max(1)
+/// Values per chunk of a fill split across the kernel pool (a multiple of
+/// `BATCH`; Note [Kernel pool] in kernel_pool.rs).
+const CHUNK: usize = 128 * BATCH;
+
+/// Writes `dist` into `out` from `slice`, in chunks of `CHUNK` values on the
+/// kernel pool. Chunk `i` writes values `i * CHUNK ..`, which are the
+/// values an unsplit fill writes there (Note [Philox draw layout]), so the
+/// result depends on nothing but the arguments. Parameters must have passed
+/// `validate`.
+pub fn fill<T: FillTarget>(out: &mut [T], dist: Distribution, slice: PhiloxSlice) {
+    let len = out.len();
+    let base = SharedMut(out.as_mut_ptr());
+    crate::kernel_pool::for_each_chunk(len.div_ceil(CHUNK), &|chunk| {
+        let start = chunk * CHUNK;
+        let end = (start + CHUNK).min(len);
+        // SAFETY: chunks are disjoint ranges of `out`, borrowed mutably for the call.
+        let part = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), end - start) };
+        T::fill_range(part, start as u64, dist, slice);
+    });
 }
 
-/// Writes `dist` into `out` from `slice`, split across up to `threads`
-/// threads in chunks of whole batches. The result does not depend on
-/// `threads` (Note [Philox draw layout]). Parameters must have passed
-/// `validate`.
-pub fn fill<T: FillTarget>(out: &mut [T], dist: Distribution, slice: PhiloxSlice, threads: usize) {
-    let threads = threads.max(1);
-    let per_thread = out.len().div_ceil(threads).next_multiple_of(BATCH).max(BATCH);
-    if per_thread >= out.len() {
-        T::fill_range(out, 0, dist, slice);
-        return;
+/// A pointer the chunks of one fill share; each writes its own range.
+#[derive(Clone, Copy)]
+struct SharedMut<T>(*mut T);
+// SAFETY: only ever used to write disjoint ranges (see `fill`).
+unsafe impl<T> Sync for SharedMut<T> {}
+impl<T> SharedMut<T> {
+    fn get(self) -> *mut T {
+        self.0
     }
-    // Each thread (the caller included) takes the next unclaimed chunk, so a
-    // thread that cannot be started only means fewer hands.
-    let chunks: Vec<Mutex<Option<&mut [T]>>> = out.chunks_mut(per_thread).map(|c| Mutex::new(Some(c))).collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let work = || loop {
-        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let Some(chunk) = chunks.get(i).and_then(|c| c.lock().take()) else { return };
-        T::fill_range(chunk, (i * per_thread) as u64, dist, slice);
-    };
-    std::thread::scope(|scope| {
-        for _ in 1..chunks.len() {
-            if let Err(e) = std::thread::Builder::new().name("openreg-random".into()).spawn_scoped(scope, work) {
-                crate::error::warn_once(&format!("a random fill runs on fewer threads: {e}"));
-                break;
-            }
-        }
-        work();
-    });
 }
 
 /// A buffer element type `fill` can write.
@@ -403,8 +445,12 @@ pub trait FillTarget: Copy + Send + Sync {
 impl FillTarget for f32 {
     fn fill_range(out: &mut [f32], start: u64, dist: Distribution, slice: PhiloxSlice) {
         match dist {
-            Distribution::Normal { mean, std } => normal_f32(out, start, mean as f32, std as f32, false, slice),
-            Distribution::LogNormal { mean, std } => normal_f32(out, start, mean as f32, std as f32, true, slice),
+            Distribution::Normal { mean, std } => {
+                normal_f32(out, start, mean as f32, std as f32, false, slice)
+            }
+            Distribution::LogNormal { mean, std } => {
+                normal_f32(out, start, mean as f32, std as f32, true, slice)
+            }
             _ => fill_float(out, start, dist, slice),
         }
     }
@@ -428,7 +474,11 @@ impl FillTarget for i64 {
             let draws = &mut draws[..batch.len() * k];
             slice.draws(first * k as u64, draws);
             for (value, d) in batch.iter_mut().zip(draws.chunks_exact(k)) {
-                let x = if k == 1 { u64::from(d[0]) } else { u64::from(d[0]) << 32 | u64::from(d[1]) };
+                let x = if k == 1 {
+                    u64::from(d[0])
+                } else {
+                    u64::from(d[0]) << 32 | u64::from(d[1])
+                };
                 let x = if range == 0 { x } else { x % range };
                 *value = from.wrapping_add(x as i64);
             }
@@ -443,7 +493,11 @@ fn fill_float<T: Float>(out: &mut [T], start: u64, dist: Distribution, slice: Ph
         let first = start + (b * BATCH) as u64;
         // A batch holds whole pairs (BATCH is even); an odd tail still
         // computes its pair's second uniform (Distribution::draws reserved it).
-        let values = if dist.pairs() { batch.len() + batch.len() % 2 } else { batch.len() };
+        let values = if dist.pairs() {
+            batch.len() + batch.len() % 2
+        } else {
+            batch.len()
+        };
         let draws = &mut draws[..values * k];
         slice.draws(first * k as u64, draws);
         let uniform = |i: usize| T::uniform(&draws[i * k..i * k + k]);
@@ -453,11 +507,19 @@ fn fill_float<T: Float>(out: &mut [T], start: u64, dist: Distribution, slice: Ph
                 for (i, v) in batch.iter_mut().enumerate() {
                     let x = T::from_f64(uniform(i) * scale + from);
                     // Rounding to T may reach `to`, which [from, to) excludes.
-                    *v = if T::from_f64(to) == x && from < to { T::from_f64(from) } else { x };
+                    *v = if T::from_f64(to) == x && from < to {
+                        T::from_f64(from)
+                    } else {
+                        x
+                    };
                 }
             }
-            Distribution::Normal { mean, std } => box_muller(batch, &uniform, |z| T::from_f64(z * std + mean)),
-            Distribution::LogNormal { mean, std } => box_muller(batch, &uniform, |z| T::from_f64((z * std + mean).exp())),
+            Distribution::Normal { mean, std } => {
+                box_muller(batch, &uniform, |z| T::from_f64(z * std + mean))
+            }
+            Distribution::LogNormal { mean, std } => {
+                box_muller(batch, &uniform, |z| T::from_f64((z * std + mean).exp()))
+            }
             Distribution::Bernoulli { p } => {
                 for (i, v) in batch.iter_mut().enumerate() {
                     *v = T::from_f64(if uniform(i) < p { 1.0 } else { 0.0 });
@@ -477,10 +539,14 @@ fn fill_float<T: Float>(out: &mut [T], start: u64, dist: Distribution, slice: Ph
             }
             Distribution::Cauchy { median, sigma } => {
                 for (i, v) in batch.iter_mut().enumerate() {
-                    *v = T::from_f64(median + sigma * (std::f64::consts::PI * (uniform(i) - 0.5)).tan());
+                    *v = T::from_f64(
+                        median + sigma * (std::f64::consts::PI * (uniform(i) - 0.5)).tan(),
+                    );
                 }
             }
-            Distribution::Integers { .. } => unreachable!("validate() admits integer fills of i64 only"),
+            Distribution::Integers { .. } => {
+                unreachable!("validate() admits integer fills of i64 only")
+            }
         }
     }
 }
@@ -542,7 +608,16 @@ fn ln_f32(x: f32) -> f32 {
     let e = e as f32;
     let z = x * x;
     let mut y = 7.037_683_6e-2;
-    for c in [-1.151_461e-1, 1.167_699_9e-1, -1.242_014_1e-1, 1.424_932_3e-1, -1.666_805_8e-1, 2.000_071_4e-1, -2.499_999_4e-1, 3.333_333e-1] {
+    for c in [
+        -1.151_461e-1,
+        1.167_699_9e-1,
+        -1.242_014_1e-1,
+        1.424_932_3e-1,
+        -1.666_805_8e-1,
+        2.000_071_4e-1,
+        -2.499_999_4e-1,
+        3.333_333e-1,
+    ] {
         y = y * x + c;
     }
     y = y * x * z + e * -2.121_944_4e-4 - 0.5 * z;
@@ -592,10 +667,19 @@ mod tests {
     /// Random123's known-answer vectors (its `kat_vectors` file).
     #[test]
     fn philox_known_answers() {
-        assert_eq!(philox4x32_10([0; 4], [0; 2]), [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]);
-        assert_eq!(philox4x32_10([u32::MAX; 4], [u32::MAX; 2]), [0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd]);
         assert_eq!(
-            philox4x32_10([0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344], [0xa4093822, 0x299f31d0]),
+            philox4x32_10([0; 4], [0; 2]),
+            [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]
+        );
+        assert_eq!(
+            philox4x32_10([u32::MAX; 4], [u32::MAX; 2]),
+            [0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd]
+        );
+        assert_eq!(
+            philox4x32_10(
+                [0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344],
+                [0xa4093822, 0x299f31d0]
+            ),
             [0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1]
         );
     }
@@ -607,13 +691,20 @@ mod tests {
         slice.draws(1, &mut long);
         for (i, d) in long.iter().enumerate() {
             let absolute = 1 + i as u64;
-            assert_eq!(*d, philox_block(absolute / 4, [5, 0])[(absolute % 4) as usize], "draw {absolute}");
+            assert_eq!(
+                *d,
+                philox_block(absolute / 4, [5, 0])[(absolute % 4) as usize],
+                "draw {absolute}"
+            );
         }
     }
 
     #[test]
     fn draws_follow_the_block_layout() {
-        let slice = PhiloxSlice { seed: 0x1234_5678_9abc_def0, base: 8 };
+        let slice = PhiloxSlice {
+            seed: 0x1234_5678_9abc_def0,
+            base: 8,
+        };
         let mut d = [0u32; 10];
         slice.draws(3, &mut d);
         let key = [0x9abc_def0, 0x1234_5678];
@@ -623,7 +714,10 @@ mod tests {
         assert_eq!(d[5..9], philox4x32_10([4, 0, 0, 0], key));
         assert_eq!(d[9], philox4x32_10([5, 0, 0, 0], key)[0]);
         // The block counter's high word is used beyond 2^32 blocks.
-        let far = PhiloxSlice { seed: 0, base: 4 << 32 };
+        let far = PhiloxSlice {
+            seed: 0,
+            base: 4 << 32,
+        };
         let mut one = [0u32; 1];
         far.draws(0, &mut one);
         assert_eq!(one[0], philox4x32_10([0, 1, 0, 0], [0, 0])[0]);
@@ -638,11 +732,34 @@ mod tests {
         assert_eq!(g.reserve(4), PhiloxSlice { seed: 7, base: 8 });
         assert_eq!(g.offset(), 12);
         assert_eq!(round_up_to_block(1), 4);
-        assert_eq!(Distribution::Normal { mean: 0.0, std: 1.0 }.draws(Element::F32, 3), 4);
-        assert_eq!(Distribution::Normal { mean: 0.0, std: 1.0 }.draws(Element::F64, 3), 8);
-        assert_eq!(Distribution::Uniform { from: 0.0, to: 1.0 }.draws(Element::F64, 3), 6);
-        assert_eq!(Distribution::Integers { from: 0, range: 10 }.draws(Element::I64, 3), 3);
-        assert_eq!(Distribution::Integers { from: 0, range: 0 }.draws(Element::I64, 3), 6);
+        assert_eq!(
+            Distribution::Normal {
+                mean: 0.0,
+                std: 1.0
+            }
+            .draws(Element::F32, 3),
+            4
+        );
+        assert_eq!(
+            Distribution::Normal {
+                mean: 0.0,
+                std: 1.0
+            }
+            .draws(Element::F64, 3),
+            8
+        );
+        assert_eq!(
+            Distribution::Uniform { from: 0.0, to: 1.0 }.draws(Element::F64, 3),
+            6
+        );
+        assert_eq!(
+            Distribution::Integers { from: 0, range: 10 }.draws(Element::I64, 3),
+            3
+        );
+        assert_eq!(
+            Distribution::Integers { from: 0, range: 0 }.draws(Element::I64, 3),
+            6
+        );
         g.set_seed(9);
         assert_eq!((g.seed(), g.offset()), (9, 0));
         assert!(g.set_offset(6).is_err());
@@ -658,34 +775,64 @@ mod tests {
         let first = g.reserve(4);
         g.set_state_bytes(&saved).unwrap();
         assert_eq!(g.reserve(4), first);
-        assert!(g.set_state_bytes(&saved[..15]).unwrap_err().message.contains("16 bytes"));
+        assert!(g
+            .set_state_bytes(&saved[..15])
+            .unwrap_err()
+            .message
+            .contains("16 bytes"));
         let fork = g.fork();
         fork.reserve(4);
         assert_ne!(fork.offset(), g.offset());
     }
 
-    fn filled<T: FillTarget + Default>(n: usize, dist: Distribution, threads: usize) -> Vec<T> {
+    fn filled<T: FillTarget + Default>(n: usize, dist: Distribution) -> Vec<T> {
         let mut out = vec![T::default(); n];
-        fill(&mut out, dist, PhiloxSlice { seed: 42, base: 64 }, threads);
+        fill(&mut out, dist, PhiloxSlice { seed: 42, base: 64 });
         out
     }
 
+    /// A split fill (chunks on the kernel pool) and one unsplit fill.
+    fn split_and_whole<T: FillTarget + Default + PartialEq + std::fmt::Debug>(
+        n: usize,
+        dist: Distribution,
+    ) {
+        let slice = PhiloxSlice { seed: 42, base: 64 };
+        let split: Vec<T> = filled(n, dist);
+        let mut whole = vec![T::default(); n];
+        T::fill_range(&mut whole, 0, dist, slice);
+        assert!(
+            split == whole,
+            "{dist:?}: a split fill differs from an unsplit one"
+        );
+    }
+
     #[test]
-    fn fills_do_not_depend_on_thread_count() {
-        let n = 3 * BATCH + 7;
+    fn split_fills_equal_unsplit_ones() {
+        let n = 3 * CHUNK + 7;
         for dist in [
-            Distribution::Uniform { from: -1.0, to: 2.0 },
-            Distribution::Normal { mean: 1.0, std: 2.0 },
-            Distribution::Cauchy { median: 0.0, sigma: 1.0 },
+            Distribution::Uniform {
+                from: -1.0,
+                to: 2.0,
+            },
+            Distribution::Normal {
+                mean: 1.0,
+                std: 2.0,
+            },
+            Distribution::Cauchy {
+                median: 0.0,
+                sigma: 1.0,
+            },
         ] {
-            let one: Vec<f32> = filled(n, dist, 1);
-            for threads in [2, 3, 5] {
-                assert_eq!(one, filled::<f32>(n, dist, threads), "{dist:?} on {threads} threads");
-            }
-            assert_eq!(filled::<f64>(n, dist, 1), filled::<f64>(n, dist, 4));
+            split_and_whole::<f32>(n, dist);
+            split_and_whole::<f64>(n, dist);
         }
-        let ints = Distribution::Integers { from: -5, range: 11 };
-        assert_eq!(filled::<i64>(n, ints, 1), filled::<i64>(n, ints, 3));
+        split_and_whole::<i64>(
+            n,
+            Distribution::Integers {
+                from: -5,
+                range: 11,
+            },
+        );
     }
 
     #[test]
@@ -709,19 +856,37 @@ mod tests {
         let n = 200_000;
         let mean_var = |v: &[f64]| {
             let mean = v.iter().sum::<f64>() / v.len() as f64;
-            (mean, v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / v.len() as f64)
+            (
+                mean,
+                v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / v.len() as f64,
+            )
         };
-        let (m, var) = mean_var(&filled::<f64>(n, Distribution::Normal { mean: 3.0, std: 2.0 }, 2));
-        assert!((m - 3.0).abs() < 0.02 && (var - 4.0).abs() < 0.06, "normal {m} {var}");
-        let (m, var) = mean_var(&filled::<f64>(n, Distribution::Uniform { from: 0.0, to: 1.0 }, 2));
-        assert!((m - 0.5).abs() < 0.005 && (var - 1.0 / 12.0).abs() < 0.002, "uniform {m} {var}");
-        let (m, _) = mean_var(&filled::<f64>(n, Distribution::Exponential { lambda: 2.0 }, 2));
+        let (m, var) = mean_var(&filled::<f64>(
+            n,
+            Distribution::Normal {
+                mean: 3.0,
+                std: 2.0,
+            },
+        ));
+        assert!(
+            (m - 3.0).abs() < 0.02 && (var - 4.0).abs() < 0.06,
+            "normal {m} {var}"
+        );
+        let (m, var) = mean_var(&filled::<f64>(
+            n,
+            Distribution::Uniform { from: 0.0, to: 1.0 },
+        ));
+        assert!(
+            (m - 0.5).abs() < 0.005 && (var - 1.0 / 12.0).abs() < 0.002,
+            "uniform {m} {var}"
+        );
+        let (m, _) = mean_var(&filled::<f64>(n, Distribution::Exponential { lambda: 2.0 }));
         assert!((m - 0.5).abs() < 0.01, "exponential {m}");
-        let geo = filled::<f64>(n, Distribution::Geometric { p: 0.25 }, 2);
+        let geo = filled::<f64>(n, Distribution::Geometric { p: 0.25 });
         assert!(geo.iter().all(|&x| x >= 1.0) && (mean_var(&geo).0 - 4.0).abs() < 0.05);
-        let (m, _) = mean_var(&filled::<f64>(n, Distribution::Bernoulli { p: 0.3 }, 2));
+        let (m, _) = mean_var(&filled::<f64>(n, Distribution::Bernoulli { p: 0.3 }));
         assert!((m - 0.3).abs() < 0.005, "bernoulli {m}");
-        let ints = filled::<i64>(n, Distribution::Integers { from: -2, range: 5 }, 2);
+        let ints = filled::<i64>(n, Distribution::Integers { from: -2, range: 5 });
         assert!(ints.iter().all(|x| (-2..3).contains(x)));
         assert!((0..5).all(|v| ints.contains(&(v - 2))));
     }
@@ -729,22 +894,42 @@ mod tests {
     #[test]
     fn invalid_parameters_are_rejected() {
         let err = |d: Distribution, e| d.validate(e).unwrap_err().message;
-        assert!(err(Distribution::Uniform { from: 1.0, to: 0.0 }, Element::F32).contains("from=1 > to=0"));
+        assert!(
+            err(Distribution::Uniform { from: 1.0, to: 0.0 }, Element::F32)
+                .contains("from=1 > to=0")
+        );
         assert!(err(Distribution::Bernoulli { p: 1.5 }, Element::F32).contains("[0, 1]"));
         assert!(err(Distribution::Geometric { p: 1.0 }, Element::F64).contains("(0, 1)"));
-        assert!(err(Distribution::Normal { mean: 0.0, std: -1.0 }, Element::F64).contains("std >= 0.0"));
-        assert!(Distribution::Integers { from: 0, range: 3 }.validate(Element::F32).is_err());
-        assert!(Distribution::Uniform { from: 0.0, to: 0.0 }.validate(Element::F32).is_ok());
+        assert!(err(
+            Distribution::Normal {
+                mean: 0.0,
+                std: -1.0
+            },
+            Element::F64
+        )
+        .contains("std >= 0.0"));
+        assert!(Distribution::Integers { from: 0, range: 3 }
+            .validate(Element::F32)
+            .is_err());
+        assert!(Distribution::Uniform { from: 0.0, to: 0.0 }
+            .validate(Element::F32)
+            .is_ok());
     }
 
     #[test]
     fn polynomial_math_is_accurate() {
         for i in 1..=10_000 {
             let x = i as f32 / 10_000.0;
-            assert!((ln_f32(x) - x.ln()).abs() <= 2e-7 * x.ln().abs().max(1.0), "ln {x}");
+            assert!(
+                (ln_f32(x) - x.ln()).abs() <= 2e-7 * x.ln().abs().max(1.0),
+                "ln {x}"
+            );
             let (s, c) = sin_cos_2pi(x - 1e-4);
             let (es, ec) = (std::f32::consts::TAU * (x - 1e-4)).sin_cos();
-            assert!((s - es).abs() < 2e-6 && (c - ec).abs() < 2e-6, "sincos {x}: {s} {c} vs {es} {ec}");
+            assert!(
+                (s - es).abs() < 2e-6 && (c - ec).abs() < 2e-6,
+                "sincos {x}: {s} {c} vs {es} {ec}"
+            );
         }
         assert!((ln_f32(f32::MIN_POSITIVE) - f32::MIN_POSITIVE.ln()).abs() < 1e-4);
     }
@@ -765,7 +950,10 @@ mod tests {
 
     #[test]
     fn default_generators_are_per_device() {
-        let (d0, d1) = (Generator::default_for(0).unwrap(), Generator::default_for(1).unwrap());
+        let (d0, d1) = (
+            Generator::default_for(0).unwrap(),
+            Generator::default_for(1).unwrap(),
+        );
         assert!(Generator::default_for(99).is_err());
         d0.set_seed(5);
         let again = Generator::default_for(0).unwrap();

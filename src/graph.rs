@@ -128,7 +128,10 @@ pub struct RandomCell {
 impl RandomCell {
     /// The slice a kernel captured with `relative` draws from now.
     pub fn resolve(&self, relative: u64) -> PhiloxSlice {
-        PhiloxSlice { seed: self.seed.load(Ordering::Acquire), base: self.base.load(Ordering::Acquire).wrapping_add(relative) }
+        PhiloxSlice {
+            seed: self.seed.load(Ordering::Acquire),
+            base: self.base.load(Ordering::Acquire).wrapping_add(relative),
+        }
     }
 }
 
@@ -190,10 +193,18 @@ impl Capture {
     }
 
     fn member(st: &mut CaptureState, stream: &StreamQueue) -> usize {
-        st.members.iter().position(|m| std::ptr::eq(m.stream, stream)).expect("a capturing stream is a member of its capture")
+        st.members
+            .iter()
+            .position(|m| std::ptr::eq(m.stream, stream))
+            .expect("a capturing stream is a member of its capture")
     }
 
-    fn push_node(st: &mut CaptureState, stream: &'static StreamQueue, work: Option<Work>, label: String) -> usize {
+    fn push_node(
+        st: &mut CaptureState,
+        stream: &'static StreamQueue,
+        work: Option<Work>,
+        label: String,
+    ) -> usize {
         let m = Capture::member(st, stream);
         let member = &mut st.members[m];
         let mut deps: Vec<usize> = member.tail.into_iter().collect();
@@ -202,13 +213,23 @@ impl Capture {
         deps.dedup();
         let index = st.nodes.len();
         st.members[m].tail = Some(index);
-        st.nodes.push(Node { work, stream, deps, label });
+        st.nodes.push(Node {
+            work,
+            stream,
+            deps,
+            label,
+        });
         index
     }
 
     /// Records `task`, submitted to the capturing `stream` (Note [Graph
     /// capture]). `describe` names a kernel for debug dumps.
-    pub(crate) fn record(&self, stream: &'static StreamQueue, task: Task, describe: impl FnOnce() -> String) -> Result<()> {
+    pub(crate) fn record(
+        &self,
+        stream: &'static StreamQueue,
+        task: Task,
+        describe: impl FnOnce() -> String,
+    ) -> Result<()> {
         match task {
             Task::Run(work) => {
                 let label = if self.debug { describe() } else { String::new() };
@@ -227,13 +248,21 @@ impl Capture {
 
     /// An event recorded on the capturing `stream`: returns its node.
     pub(crate) fn record_event(&self, stream: &'static StreamQueue) -> usize {
-        let label = if self.debug { "event record".to_string() } else { String::new() };
+        let label = if self.debug {
+            "event record".to_string()
+        } else {
+            String::new()
+        };
         Capture::push_node(&mut self.state.lock(), stream, None, label)
     }
 
     /// Makes `stream` wait for the event node `node` of this capture,
     /// joining the capture if it is not part of it yet.
-    pub(crate) fn wait_event(self: &Arc<Capture>, stream: &'static StreamQueue, node: usize) -> Result<()> {
+    pub(crate) fn wait_event(
+        self: &Arc<Capture>,
+        stream: &'static StreamQueue,
+        node: usize,
+    ) -> Result<()> {
         match stream.capture() {
             Some(current) if Arc::ptr_eq(&current, self) => {
                 let mut st = self.state.lock();
@@ -261,18 +290,32 @@ impl Capture {
     /// A random kernel of this capture reserves `draws` draws of
     /// `generator`: its slice is relative to the replay's base (Note
     /// [Graph-safe random numbers]); returns it and the cell to read.
-    pub(crate) fn reserve_random(&self, generator: &Generator, draws: u64) -> (u64, Arc<RandomCell>) {
+    pub(crate) fn reserve_random(
+        &self,
+        generator: &Generator,
+        draws: u64,
+    ) -> (u64, Arc<RandomCell>) {
         let mut st = self.state.lock();
-        let index = match st.generators.iter().position(|g| g.generator.same_state(generator)) {
+        let index = match st
+            .generators
+            .iter()
+            .position(|g| g.generator.same_state(generator))
+        {
             Some(index) => index,
             None => {
-                st.generators.push(CapturedGenerator { generator: generator.share(), increment: 0, cell: Arc::default() });
+                st.generators.push(CapturedGenerator {
+                    generator: generator.share(),
+                    increment: 0,
+                    cell: Arc::default(),
+                });
                 st.generators.len() - 1
             }
         };
         let captured = &mut st.generators[index];
         let relative = captured.increment;
-        captured.increment = captured.increment.wrapping_add(generator::round_up_to_block(draws));
+        captured.increment = captured
+            .increment
+            .wrapping_add(generator::round_up_to_block(draws));
         (relative, Arc::clone(&captured.cell))
     }
 
@@ -281,13 +324,21 @@ impl Capture {
     fn unjoined(st: &CaptureState) -> Vec<&'static StreamQueue> {
         let origin = &st.members[0];
         let mut reached = vec![false; st.nodes.len()];
-        let mut todo: Vec<usize> = origin.tail.into_iter().chain(origin.waits.iter().copied()).collect();
+        let mut todo: Vec<usize> = origin
+            .tail
+            .into_iter()
+            .chain(origin.waits.iter().copied())
+            .collect();
         while let Some(n) = todo.pop() {
             if !std::mem::replace(&mut reached[n], true) {
                 todo.extend(st.nodes[n].deps.iter().copied());
             }
         }
-        st.members[1..].iter().filter(|m| m.tail.is_some_and(|t| !reached[t])).map(|m| m.stream).collect()
+        st.members[1..]
+            .iter()
+            .filter(|m| m.tail.is_some_and(|t| !reached[t]))
+            .map(|m| m.stream)
+            .collect()
     }
 }
 
@@ -342,12 +393,17 @@ pub fn check_host_sync(what: &str, stream: Option<&StreamQueue>) -> Result<()> {
 /// The slice for a random kernel launched now on the current stream of the
 /// current device, if that stream is capturing (Note [Graph-safe random
 /// numbers]): `(relative base, cell)`.
-pub fn reserve_random_in_capture(generator: &Generator, draws: u64) -> Result<Option<(u64, Arc<RandomCell>)>> {
+pub fn reserve_random_in_capture(
+    generator: &Generator,
+    draws: u64,
+) -> Result<Option<(u64, Arc<RandomCell>)>> {
     if ACTIVE_COUNT.load(Ordering::Acquire) == 0 {
         return Ok(None);
     }
     let stream = crate::stream::current(-1)?;
-    Ok(stream.capture().map(|capture| capture.reserve_random(generator, draws)))
+    Ok(stream
+        .capture()
+        .map(|capture| capture.reserve_random(generator, draws)))
 }
 
 fn activate(capture: &Arc<Capture>) {
@@ -365,9 +421,18 @@ fn deactivate(capture: &Arc<Capture>) {
 /// Begins capturing the work of `stream` (Note [Graph capture]), allocating
 /// from `pool` (Note [Graph pools] in allocator.rs); `(0, 0)` asks for a
 /// new pool of the graph's own.
-pub fn begin_capture(stream: &'static StreamQueue, mode: CaptureMode, pool: MempoolId, debug: bool) -> Result<Arc<Capture>> {
+pub fn begin_capture(
+    stream: &'static StreamQueue,
+    mode: CaptureMode,
+    pool: MempoolId,
+    debug: bool,
+) -> Result<Arc<Capture>> {
     if let Some(existing) = stream.capture() {
-        let role = if std::ptr::eq(existing.origin, stream) { "already capturing a graph" } else { "already part of a capture" };
+        let role = if std::ptr::eq(existing.origin, stream) {
+            "already capturing a graph"
+        } else {
+            "already part of a capture"
+        };
         return Err(capture_error(format!(
             "capture_begin: {stream} is {role}; captures cannot be nested on one stream (end the capture first)"
         )));
@@ -385,7 +450,11 @@ pub fn begin_capture(stream: &'static StreamQueue, mode: CaptureMode, pool: Memp
         pool_key,
         debug,
         state: Mutex::new(CaptureState {
-            members: vec![Member { stream, tail: None, waits: Vec::new() }],
+            members: vec![Member {
+                stream,
+                tail: None,
+                waits: Vec::new(),
+            }],
             ..CaptureState::default()
         }),
     });
@@ -415,7 +484,9 @@ pub struct Executable {
 /// mode whatever the outcome; on failure the pool is released.
 pub fn end_capture(stream: &'static StreamQueue) -> Result<Executable> {
     let Some(capture) = stream.capture() else {
-        return Err(capture_error(format!("capture_end: {stream} is not capturing a graph (no capture_begin on it)")));
+        return Err(capture_error(format!(
+            "capture_end: {stream} is not capturing a graph (no capture_begin on it)"
+        )));
     };
     if !std::ptr::eq(capture.origin, stream) {
         return Err(capture_error(format!(
@@ -450,7 +521,11 @@ pub fn end_capture(stream: &'static StreamQueue) -> Result<Executable> {
         return Err(capture_error(failure));
     }
     let dot = capture.debug.then(|| to_dot(&st.nodes));
-    let generators = st.generators.into_iter().map(|g| (g.generator, g.increment, g.cell)).collect();
+    let generators = st
+        .generators
+        .into_iter()
+        .map(|g| (g.generator, g.increment, g.cell))
+        .collect();
     Ok(Executable {
         device: capture.device,
         pool: capture.pool,
@@ -465,9 +540,14 @@ pub fn end_capture(stream: &'static StreamQueue) -> Result<Executable> {
 /// Graphviz DOT for `nodes`: one node each, labelled with what it is and
 /// its stream, and an edge per dependency.
 fn to_dot(nodes: &[Node]) -> String {
-    let mut dot = String::from("digraph openreg_graph {\n  node [shape=box, fontname=\"monospace\"];\n");
+    let mut dot =
+        String::from("digraph openreg_graph {\n  node [shape=box, fontname=\"monospace\"];\n");
     for (i, node) in nodes.iter().enumerate() {
-        let kind = if node.work.is_some() { "kernel" } else { "event" };
+        let kind = if node.work.is_some() {
+            "kernel"
+        } else {
+            "event"
+        };
         let text = format!("{i}: {}\\nstream {} ({kind})", node.label, node.stream.id());
         let _ = writeln!(dot, "  n{i} [label=\"{}\"];", text.replace('"', "\\\""));
     }
@@ -508,12 +588,18 @@ impl Executable {
         }
         // The generators advance at the call, in call order (Note
         // [Graph-safe random numbers]).
-        let draws: Vec<(Arc<RandomCell>, PhiloxSlice)> =
-            self.generators.iter().map(|(g, increment, cell)| (Arc::clone(cell), g.reserve(*increment))).collect();
+        let draws: Vec<(Arc<RandomCell>, PhiloxSlice)> = self
+            .generators
+            .iter()
+            .map(|(g, increment, cell)| (Arc::clone(cell), g.reserve(*increment)))
+            .collect();
         let mut last = self.last_launch.lock();
         if let Some((previous, seq)) = *last {
             if !std::ptr::eq(previous, stream) && !previous.has_completed(seq) {
-                stream.submit(Task::WaitFor { stream: previous, seq })?;
+                stream.submit(Task::WaitFor {
+                    stream: previous,
+                    seq,
+                })?;
             }
         }
         let graph = Arc::clone(self);
@@ -522,7 +608,11 @@ impl Executable {
             stream,
             Box::new(move || graph.run(&draws)),
         );
-        let seq = stream.submit_named(Task::Run(replay), TaskName::kernel(c"graph replay"), String::new)?;
+        let seq = stream.submit_named(
+            Task::Run(replay),
+            TaskName::kernel(c"graph replay"),
+            String::new,
+        )?;
         *last = Some((stream, seq));
         Ok(())
     }
@@ -556,7 +646,9 @@ impl Drop for Executable {
 
 enum Phase {
     Empty,
-    Capturing { stream: &'static StreamQueue },
+    Capturing {
+        stream: &'static StreamQueue,
+    },
     /// Captured and kept (`keep_graph`), not instantiated yet.
     Captured(Arc<Executable>),
     Instantiated(Arc<Executable>),
@@ -578,7 +670,14 @@ pub struct Graph {
 
 impl Graph {
     pub fn new(keep_graph: bool) -> Graph {
-        Graph { keep_graph, state: Mutex::new(GraphState { phase: Phase::Empty, debug: false, pool: (0, 0) }) }
+        Graph {
+            keep_graph,
+            state: Mutex::new(GraphState {
+                phase: Phase::Empty,
+                debug: false,
+                pool: (0, 0),
+            }),
+        }
     }
 
     /// Begins capturing the current stream of the current device.
@@ -607,7 +706,9 @@ impl Graph {
     pub fn capture_end(&self) -> Result<()> {
         let mut st = self.state.lock();
         let Phase::Capturing { stream, .. } = st.phase else {
-            return Err(capture_error("capture_end() called without a capture_begin() on this graph".to_string()));
+            return Err(capture_error(
+                "capture_end() called without a capture_begin() on this graph".to_string(),
+            ));
         };
         let current = crate::stream::current(stream.device().into())?;
         let current_device = device::current_device();
@@ -620,7 +721,11 @@ impl Graph {
         let ended = end_capture(stream);
         st.phase = Phase::Empty;
         let executable = Arc::new(ended?);
-        st.phase = if self.keep_graph { Phase::Captured(executable) } else { Phase::Instantiated(executable) };
+        st.phase = if self.keep_graph {
+            Phase::Captured(executable)
+        } else {
+            Phase::Instantiated(executable)
+        };
         Ok(())
     }
 
@@ -632,7 +737,11 @@ impl Graph {
             }
             other => {
                 st.phase = other;
-                let why = if self.keep_graph { "without a completed capture" } else { "after capture_end with keep_graph=False (capture_end instantiated it and discarded the captured graph)" };
+                let why = if self.keep_graph {
+                    "without a completed capture"
+                } else {
+                    "after capture_end with keep_graph=False (capture_end instantiated it and discarded the captured graph)"
+                };
                 return Err(capture_error(format!("instantiate() called {why}")));
             }
         };
@@ -651,9 +760,15 @@ impl Graph {
                 }
                 Phase::Instantiated(executable) => Arc::clone(executable),
                 Phase::Capturing { stream, .. } => {
-                    return Err(capture_error(format!("replay() called while this graph is still capturing {stream}")))
+                    return Err(capture_error(format!(
+                        "replay() called while this graph is still capturing {stream}"
+                    )))
                 }
-                Phase::Empty => return Err(capture_error("replay() called without a successful capture".to_string())),
+                Phase::Empty => {
+                    return Err(capture_error(
+                        "replay() called without a successful capture".to_string(),
+                    ))
+                }
             }
         };
         executable.launch(crate::stream::current(executable.device.into())?)
@@ -671,7 +786,10 @@ impl Graph {
             }
             capturing @ Phase::Capturing { .. } => {
                 st.phase = capturing;
-                Err(capture_error("reset() called during capture: end the capture (capture_end) first".to_string()))
+                Err(capture_error(
+                    "reset() called during capture: end the capture (capture_end) first"
+                        .to_string(),
+                ))
             }
         }
     }
@@ -693,18 +811,25 @@ impl Graph {
             ));
         }
         match &st.phase {
-            Phase::Captured(executable) | Phase::Instantiated(executable) => executable
-                .dot()
-                .map(str::to_string)
-                .ok_or_else(|| Error::invalid_value("debug_dump: the graph was captured before enable_debug_mode()")),
-            _ => Err(Error::invalid_value("debug_dump: this graph holds no captured graph")),
+            Phase::Captured(executable) | Phase::Instantiated(executable) => {
+                executable.dot().map(str::to_string).ok_or_else(|| {
+                    Error::invalid_value(
+                        "debug_dump: the graph was captured before enable_debug_mode()",
+                    )
+                })
+            }
+            _ => Err(Error::invalid_value(
+                "debug_dump: this graph holds no captured graph",
+            )),
         }
     }
 
     /// How many nodes the captured graph has (0 without one).
     pub fn node_count(&self) -> usize {
         match &self.state.lock().phase {
-            Phase::Captured(executable) | Phase::Instantiated(executable) => executable.node_count(),
+            Phase::Captured(executable) | Phase::Instantiated(executable) => {
+                executable.node_count()
+            }
             _ => 0,
         }
     }

@@ -67,14 +67,22 @@ static RELEASES: Mutex<Vec<(i32, &'static str, Release)>> = Mutex::new(Vec::new(
 
 /// Registers `release` to run at finalize, ordered by `priority` (steps of
 /// equal priority run in registration order).
-pub fn register_release(priority: i32, name: &'static str, release: impl FnOnce() + Send + 'static) {
+pub fn register_release(
+    priority: i32,
+    name: &'static str,
+    release: impl FnOnce() + Send + 'static,
+) {
     RELEASES.lock().push((priority, name, Box::new(release)));
 }
 
 /// The release steps still to run, as `(priority, name)` in the order
 /// `finalize` runs them.
 pub fn pending_releases() -> Vec<(i32, &'static str)> {
-    let mut steps: Vec<_> = RELEASES.lock().iter().map(|(priority, name, _)| (*priority, *name)).collect();
+    let mut steps: Vec<_> = RELEASES
+        .lock()
+        .iter()
+        .map(|(priority, name, _)| (*priority, *name))
+        .collect();
     steps.sort_by_key(|(priority, _)| *priority);
     steps
 }
@@ -96,7 +104,8 @@ pub(crate) fn on_first_init() {
     crate::sanitizer::init_from_options();
     register_release(PRIORITY_STREAMS, "stream workers", || {
         let deadline = AT_EXIT.load(Ordering::Acquire).then(exit_deadline);
-        let stopped = device::existing_contexts().fold(true, |all, ctx| ctx.streams.shut_down_all(deadline) && all);
+        let stopped = device::existing_contexts()
+            .fold(true, |all, ctx| ctx.streams.shut_down_all(deadline) && all);
         if !stopped {
             WORKERS_LEFT_RUNNING.store(true, Ordering::Release);
             log::info("exit: a kernel is still running; its worker is left to the process exit");
@@ -176,9 +185,12 @@ pub fn prepare_host_exit() {
     // A forked child has the parent's queues but none of its worker threads.
     if !device::is_in_bad_fork() {
         let deadline = exit_deadline();
-        let drained = device::existing_contexts().fold(true, |all, ctx| ctx.streams.drain_all(deadline) && all);
+        let drained = device::existing_contexts()
+            .fold(true, |all, ctx| ctx.streams.drain_all(deadline) && all);
         if !drained {
-            let tasks: Vec<_> = device::existing_contexts().flat_map(|ctx| ctx.streams.abandon_all("at exit")).collect();
+            let tasks: Vec<_> = device::existing_contexts()
+                .flat_map(|ctx| ctx.streams.abandon_all("at exit"))
+                .collect();
             let abandoned = tasks.len();
             // Leaked, not dropped: what they captured may need the host's
             // interpreter, which is about to finalize.

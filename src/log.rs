@@ -23,8 +23,12 @@ pub enum Level {
 }
 
 impl Level {
-    pub const NAMES: [(&'static str, Level); 4] =
-        [("error", Level::Error), ("warn", Level::Warn), ("info", Level::Info), ("debug", Level::Debug)];
+    pub const NAMES: [(&'static str, Level); 4] = [
+        ("error", Level::Error),
+        ("warn", Level::Warn),
+        ("info", Level::Info),
+        ("debug", Level::Debug),
+    ];
 
     pub fn name(self) -> &'static str {
         Level::NAMES[self as usize].0
@@ -60,7 +64,12 @@ static SHOWN_ONCE: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 
 /// Shows `message` once per process (later identical messages are dropped).
 pub fn once(level: Level, message: &str) {
-    if enabled(level) && SHOWN_ONCE.lock().get_or_insert_with(HashSet::new).insert(message.to_string()) {
+    if enabled(level)
+        && SHOWN_ONCE
+            .lock()
+            .get_or_insert_with(HashSet::new)
+            .insert(message.to_string())
+    {
         log(level, message);
     }
 }

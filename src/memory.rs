@@ -45,14 +45,21 @@ struct Mappings {
     live: BTreeMap<usize, Mapping>,
 }
 
-static MAPPINGS: Mutex<Mappings> = Mutex::new(Mappings { open_windows: 0, live: BTreeMap::new() });
+static MAPPINGS: Mutex<Mappings> = Mutex::new(Mappings {
+    open_windows: 0,
+    live: BTreeMap::new(),
+});
 
 fn protect_mode() -> bool {
     options::get().memory_protect
 }
 
 fn set_access(base: usize, len: usize, accessible: bool) {
-    let prot = if accessible { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_NONE };
+    let prot = if accessible {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_NONE
+    };
     // SAFETY: (base, len) is a live mapping this module created.
     let rc = unsafe { libc::mprotect(base as *mut libc::c_void, len, prot) };
     debug_assert_eq!(rc, 0, "mprotect of a device mapping failed");
@@ -87,7 +94,10 @@ pub fn map(len: usize) -> Result<usize> {
     let file = memory_file(len);
     let (flags, fd) = match &file {
         Some(f) => (libc::MAP_SHARED | libc::MAP_NORESERVE, f.as_raw_fd()),
-        None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1),
+        None => (
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+        ),
     };
     // SAFETY: a fresh mapping of our own memory file (or anonymous memory).
     let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
@@ -107,7 +117,9 @@ pub fn map(len: usize) -> Result<usize> {
 /// process can share the memory onwards.
 pub fn map_shared(fd: RawFd, len: usize) -> Result<usize> {
     if len == 0 || len % PAGE != 0 {
-        return Err(Error::invalid_value(format!("a shared device mapping of {len} bytes is not whole pages")));
+        return Err(Error::invalid_value(format!(
+            "a shared device mapping of {len} bytes is not whole pages"
+        )));
     }
     let failed = |what: &str| {
         Error::invalid_value(format!(
@@ -125,11 +137,26 @@ pub fn map_shared(fd: RawFd, len: usize) -> Result<usize> {
     let mut mappings = MAPPINGS.lock();
     let prot = initial_protection(&mappings);
     // SAFETY: maps a memory file; a descriptor of anything else fails.
-    let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
     if ptr == libc::MAP_FAILED {
         return Err(failed("mapping"));
     }
-    mappings.live.insert(ptr as usize, Mapping { len, file: Some(file) });
+    mappings.live.insert(
+        ptr as usize,
+        Mapping {
+            len,
+            file: Some(file),
+        },
+    );
     Ok(ptr as usize)
 }
 
@@ -137,7 +164,7 @@ pub fn map_shared(fd: RawFd, len: usize) -> Result<usize> {
 pub fn unmap(base: usize, len: usize) {
     let mut mappings = MAPPINGS.lock();
     mappings.live.remove(&base); // closes its memory file, if any
-    // SAFETY: (base, len) is a live mapping from `map`, released once.
+                                 // SAFETY: (base, len) is a live mapping from `map`, released once.
     unsafe { libc::munmap(base as *mut libc::c_void, len) };
 }
 
@@ -150,7 +177,9 @@ pub fn shared_region(ptr: usize) -> Result<(RawFd, usize, usize)> {
         .range(..=ptr)
         .next_back()
         .filter(|(&base, m)| ptr < base + m.len)
-        .ok_or_else(|| Error::invalid_value(format!("{ptr:#x} is not device memory of this process")))?;
+        .ok_or_else(|| {
+            Error::invalid_value(format!("{ptr:#x} is not device memory of this process"))
+        })?;
     let file = mapping.file.as_ref().ok_or_else(|| {
         Error::invalid_value(format!(
             "device memory at {ptr:#x} cannot be shared with another process: it was allocated when no memory file \
@@ -217,10 +246,20 @@ impl Drop for AccessWindow {
 pub fn map_host(len: usize) -> Result<usize> {
     // SAFETY: an anonymous private mapping has no preconditions.
     let ptr = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
     };
     if ptr == libc::MAP_FAILED {
-        return Err(Error::invalid_value(format!("mapping {len} bytes of pinned host memory failed: {}", std::io::Error::last_os_error())));
+        return Err(Error::invalid_value(format!(
+            "mapping {len} bytes of pinned host memory failed: {}",
+            std::io::Error::last_os_error()
+        )));
     }
     Ok(ptr as usize)
 }

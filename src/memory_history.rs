@@ -50,7 +50,9 @@ static SETTINGS: Mutex<Option<Settings>> = Mutex::new(None);
 /// drops the recorded events (see `allocator::DeviceAllocator::clear_history`).
 pub fn set(settings: Option<Settings>) -> Result<()> {
     if settings.is_some_and(|s| s.max_entries == 0) {
-        return Err(Error::invalid_value("_record_memory_history: max_entries must be at least 1"));
+        return Err(Error::invalid_value(
+            "_record_memory_history: max_entries must be at least 1",
+        ));
     }
     *SETTINGS.lock() = settings;
     RECORDING.store(settings.is_some(), Ordering::Release);
@@ -93,7 +95,9 @@ pub fn capture() -> Frames {
         return None;
     }
     // SAFETY: as above.
-    Some(Arc::from(unsafe { CStr::from_ptr(text) }.to_string_lossy().as_ref()))
+    Some(Arc::from(
+        unsafe { CStr::from_ptr(text) }.to_string_lossy().as_ref(),
+    ))
 }
 
 /// An allocator event, as CUDA's `TraceEntry`.
@@ -134,9 +138,25 @@ pub struct TraceEntry {
 }
 
 impl TraceEntry {
-    pub fn new(action: Action, addr: usize, size: usize, stream: i64, frames: Frames) -> TraceEntry {
-        let time_us = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
-        TraceEntry { action, addr, size, stream, time_us, frames, device_free: 0 }
+    pub fn new(
+        action: Action,
+        addr: usize,
+        size: usize,
+        stream: i64,
+        frames: Frames,
+    ) -> TraceEntry {
+        let time_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64);
+        TraceEntry {
+            action,
+            addr,
+            size,
+            stream,
+            time_us,
+            frames,
+            device_free: 0,
+        }
     }
 }
 
@@ -233,9 +253,24 @@ pub fn to_json(devices: &[Option<DeviceSnapshot>]) -> String {
 }
 
 fn write_segment(out: &mut String, seg: &SegmentSnapshot) {
-    let allocated: usize = seg.blocks.iter().filter(|b| b.state == "active_allocated").map(|b| b.size).sum();
-    let active: usize = seg.blocks.iter().filter(|b| b.state != "inactive").map(|b| b.size).sum();
-    let requested: usize = seg.blocks.iter().filter(|b| b.state != "inactive").map(|b| b.requested_size).sum();
+    let allocated: usize = seg
+        .blocks
+        .iter()
+        .filter(|b| b.state == "active_allocated")
+        .map(|b| b.size)
+        .sum();
+    let active: usize = seg
+        .blocks
+        .iter()
+        .filter(|b| b.state != "inactive")
+        .map(|b| b.size)
+        .sum();
+    let requested: usize = seg
+        .blocks
+        .iter()
+        .filter(|b| b.state != "inactive")
+        .map(|b| b.requested_size)
+        .sum();
     let _ = write!(
         out,
         "{{\"device\":{},\"address\":{},\"total_size\":{},\"allocated_size\":{allocated},\"active_size\":{active},\
@@ -283,14 +318,22 @@ mod tests {
 
     #[test]
     fn trace_is_a_bounded_ring() {
-        let settings = Settings { trace: true, alloc_stacks: false, free_stacks: false, max_entries: 2 };
+        let settings = Settings {
+            trace: true,
+            alloc_stacks: false,
+            free_stacks: false,
+            max_entries: 2,
+        };
         let mut trace = Trace::default();
         for addr in 1..=3 {
             trace.record(&settings, TraceEntry::new(Action::Alloc, addr, 8, 0, None));
         }
         let addrs: Vec<usize> = trace.entries().map(|e| e.addr).collect();
         assert_eq!(addrs, [2, 3]);
-        let state_only = Settings { trace: false, ..settings };
+        let state_only = Settings {
+            trace: false,
+            ..settings
+        };
         trace.record(&state_only, TraceEntry::new(Action::Alloc, 9, 8, 0, None));
         assert_eq!(trace.entries().count(), 2);
     }
@@ -304,10 +347,29 @@ mod tests {
             state: "active_allocated",
             frames: Some(Arc::from("a \"b\"\\c\t1\tf\n")),
         };
-        let seg = SegmentSnapshot { device: 0, address: 4096, total_size: 2048, stream: 0, segment_type: "small", blocks: vec![block] };
-        let json = to_json(&[Some(DeviceSnapshot { segments: vec![seg], trace: vec![] }), None]);
-        assert!(json.contains(r#""frames":"a \"b\"\\c\u00091\u0009f\u000a""#), "{json}");
+        let seg = SegmentSnapshot {
+            device: 0,
+            address: 4096,
+            total_size: 2048,
+            stream: 0,
+            segment_type: "small",
+            blocks: vec![block],
+        };
+        let json = to_json(&[
+            Some(DeviceSnapshot {
+                segments: vec![seg],
+                trace: vec![],
+            }),
+            None,
+        ]);
+        assert!(
+            json.contains(r#""frames":"a \"b\"\\c\u00091\u0009f\u000a""#),
+            "{json}"
+        );
         assert!(json.ends_with(r#""device_traces":[[],[]]}"#), "{json}");
-        assert!(json.contains(r#""allocated_size":512,"active_size":512,"requested_size":4"#), "{json}");
+        assert!(
+            json.contains(r#""allocated_size":512,"active_size":512,"requested_size":4"#),
+            "{json}"
+        );
     }
 }

@@ -45,20 +45,20 @@ pub struct Options {
     /// `OPENREG_MEMORY_PROTECT=1`: device pages are inaccessible to host code
     /// outside device operations. See Note [Memory protection].
     pub memory_protect: bool,
-    /// `OPENREG_RANDOM_THREADS`: threads a large random fill uses; 0 means
-    /// the available cores. The values never depend on it (Note [Philox
-    /// draw layout]); it exists to check exactly that.
-    pub random_threads: usize,
     /// `OPENREG_AUTOGRAD_ON_CALLER` (default 1): under Python, backward of
     /// openreg graphs runs on the thread that called it, as for CPU tensors,
     /// instead of autograd's device thread (a hand-off per op). Read by the
     /// Python package at import.
     pub autograd_on_caller: bool,
-    /// `OPENREG_KERNEL_THREADS` (default 1): the OpenMP team size of a device
-    /// kernel, on every thread. Above 1, kernels on stream workers open teams
-    /// of their own, which slows the process's own CPU work (Note [Kernel
-    /// threads] in cpp/device_memory.h).
+    /// `OPENREG_KERNEL_THREADS` (default 0: the available cores): the
+    /// threads a split kernel runs on, its caller counted (Note [Kernel
+    /// pool] in kernel_pool.rs). Results do not depend on it.
     pub kernel_threads: usize,
+    /// `OPENREG_SPLIT_ELEMENTS` (default `DEFAULT_SPLIT_ELEMENTS`): the work
+    /// of one chunk of a split kernel, in elements; a kernel of less than
+    /// twice that runs whole (Note [Split kernels] in cpp/kernel_split.h).
+    /// Results may depend on it (chunk boundaries), never on the threads.
+    pub split_elements: usize,
     /// `OPENREG_LOG`: the least severe message level shown (`crate::log`).
     pub log_level: Level,
     /// `OPENREG_EXIT_DRAIN_MS`: how long the host's exit waits for queued
@@ -102,8 +102,11 @@ pub enum DtypePolicy {
 }
 
 impl DtypePolicy {
-    pub const NAMES: [(&'static str, DtypePolicy); 3] =
-        [("cuda", DtypePolicy::Cuda), ("cpu", DtypePolicy::Cpu), ("record", DtypePolicy::Record)];
+    pub const NAMES: [(&'static str, DtypePolicy); 3] = [
+        ("cuda", DtypePolicy::Cuda),
+        ("cpu", DtypePolicy::Cpu),
+        ("record", DtypePolicy::Record),
+    ];
 
     pub fn name(self) -> &'static str {
         DtypePolicy::NAMES[self as usize].0
@@ -180,19 +183,23 @@ impl Options {
     /// Parses options from any key lookup; `get()` uses the environment.
     /// Separate so tests can parse values without touching the process env.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Options {
-        let mut r = Reader { lookup, from_environment: Vec::new(), invalid: Vec::new() };
+        let mut r = Reader {
+            lookup,
+            from_environment: Vec::new(),
+            invalid: Vec::new(),
+        };
         Options {
             device_count: r.device_count(),
             launch_blocking: r.read("OPENREG_LAUNCH_BLOCKING", false, FLAG, parse_flag),
             worker_idle_ms: r.read("OPENREG_WORKER_IDLE_MS", 1000, MILLISECONDS, parse_u64),
             device_memory: r.read("OPENREG_DEVICE_MEMORY", DEFAULT_DEVICE_MEMORY, SIZE, parse_size),
             memory_protect: r.read("OPENREG_MEMORY_PROTECT", false, FLAG, parse_flag),
-            random_threads: r.read("OPENREG_RANDOM_THREADS", 0, "an integer from 0 (all cores) to 1024", |s| {
+            autograd_on_caller: r.read("OPENREG_AUTOGRAD_ON_CALLER", true, FLAG, parse_flag),
+            kernel_threads: r.read("OPENREG_KERNEL_THREADS", 0, "an integer from 0 (all cores) to 1024", |s| {
                 parse_u64(s).filter(|&n| n <= 1024).map(|n| n as usize)
             }),
-            autograd_on_caller: r.read("OPENREG_AUTOGRAD_ON_CALLER", true, FLAG, parse_flag),
-            kernel_threads: r.read("OPENREG_KERNEL_THREADS", 1, "an integer from 1 to 1024", |s| {
-                parse_u64(s).filter(|n| (1..=1024).contains(n)).map(|n| n as usize)
+            split_elements: r.read("OPENREG_SPLIT_ELEMENTS", DEFAULT_SPLIT_ELEMENTS, "a positive integer", |s| {
+                parse_u64(s).filter(|&n| n > 0).map(|n| n as usize)
             }),
             log_level: r.read("OPENREG_LOG", DEFAULT_LOG_LEVEL, "one of error, warn, info, debug", |s| {
                 parse_choice(s, &Level::NAMES)
@@ -229,14 +236,21 @@ impl Options {
         if self.invalid.is_empty() {
             return Ok(());
         }
-        let problems: Vec<String> =
-            self.invalid.iter().map(|o| format!("{}={:?} (expected {})", o.name, o.value, o.accepted)).collect();
+        let problems: Vec<String> = self
+            .invalid
+            .iter()
+            .map(|o| format!("{}={:?} (expected {})", o.name, o.value, o.accepted))
+            .collect();
         let several = problems.len() > 1;
         Err(Error::invalid_value(format!(
             "openreg cannot initialize: invalid option value{}: {}; fix or unset {}",
             if several { "s" } else { "" },
             problems.join("; "),
-            if several { "these variables" } else { "this variable" },
+            if several {
+                "these variables"
+            } else {
+                "this variable"
+            },
         )))
     }
 
@@ -291,11 +305,6 @@ impl Options {
                 help: "1: device memory faults when host code touches it outside device operations",
             },
             OptionEntry {
-                name: "OPENREG_RANDOM_THREADS",
-                value: self.random_threads.to_string(),
-                help: "threads a large random fill uses (0..=1024, 0: all cores); results never depend on it",
-            },
-            OptionEntry {
                 name: "OPENREG_AUTOGRAD_ON_CALLER",
                 value: (self.autograd_on_caller as u8).to_string(),
                 help: "1: backward runs on the thread that calls it (Python, the importing thread), not autograd's device thread",
@@ -303,7 +312,12 @@ impl Options {
             OptionEntry {
                 name: "OPENREG_KERNEL_THREADS",
                 value: self.kernel_threads.to_string(),
-                help: "OpenMP threads a device kernel uses (1..=1024, default 1; more slows the process's own CPU work)",
+                help: "threads a split device kernel (and a large random fill) runs on, 0..=1024 (0: all cores); results never depend on it",
+            },
+            OptionEntry {
+                name: "OPENREG_SPLIT_ELEMENTS",
+                value: self.split_elements.to_string(),
+                help: "work of one chunk of a split device kernel, in elements; smaller kernels run whole",
             },
             OptionEntry {
                 name: "OPENREG_LOG",
@@ -349,6 +363,10 @@ impl Options {
 
 /// What variables of each kind accept, as the error says it.
 const FLAG: &str = "0 or 1";
+/// Chunk work of a split kernel, measured on 2 cores: an add of 128K floats
+/// split in two or four ran 20-40% slower than whole, one of 256K as fast,
+/// one of 4M 2x faster (1.0x CPU) at 32K, 64K or 128K per chunk.
+pub const DEFAULT_SPLIT_ELEMENTS: usize = 1 << 17;
 const MILLISECONDS: &str = "a non-negative integer (milliseconds)";
 const SIZE: &str = "a positive size in bytes, such as 4096, 512M or 4G";
 
@@ -372,13 +390,25 @@ impl<F: Fn(&str) -> Option<String>> Reader<F> {
     /// `name`'s value as `parse` reads its trimmed text; `default` when the
     /// variable is unset or empty. A value `parse` rejects is recorded as
     /// invalid and reads as `default`.
-    fn read<T>(&mut self, name: &'static str, default: T, accepted: &'static str, parse: impl Fn(&str) -> Option<T>) -> T {
-        let Some(raw) = self.lookup(name) else { return default };
+    fn read<T>(
+        &mut self,
+        name: &'static str,
+        default: T,
+        accepted: &'static str,
+        parse: impl Fn(&str) -> Option<T>,
+    ) -> T {
+        let Some(raw) = self.lookup(name) else {
+            return default;
+        };
         if raw.trim().is_empty() {
             return default;
         }
         parse(raw.trim()).unwrap_or_else(|| {
-            self.invalid.push(InvalidOption { name, value: raw, accepted });
+            self.invalid.push(InvalidOption {
+                name,
+                value: raw,
+                accepted,
+            });
             default
         })
     }
@@ -386,7 +416,9 @@ impl<F: Fn(&str) -> Option<String>> Reader<F> {
     /// `OPENREG_DEVICE_COUNT`: an invalid value (empty included) means 0
     /// devices and one warning, never an error (Note [Invalid options]).
     fn device_count(&mut self) -> usize {
-        let Some(raw) = self.lookup("OPENREG_DEVICE_COUNT") else { return DEFAULT_DEVICE_COUNT };
+        let Some(raw) = self.lookup("OPENREG_DEVICE_COUNT") else {
+            return DEFAULT_DEVICE_COUNT;
+        };
         match raw.trim().parse::<usize>() {
             Ok(n) if n <= MAX_DEVICES => n,
             _ => {
@@ -414,7 +446,10 @@ fn parse_u64(text: &str) -> Option<u64> {
 
 /// One of `choices` by name (case-insensitive).
 fn parse_choice<T: Copy>(text: &str, choices: &[(&'static str, T)]) -> Option<T> {
-    choices.iter().find(|(choice, _)| choice.eq_ignore_ascii_case(text)).map(|(_, value)| *value)
+    choices
+        .iter()
+        .find(|(choice, _)| choice.eq_ignore_ascii_case(text))
+        .map(|(_, value)| *value)
 }
 
 /// A byte count: digits with an optional K, M or G (binary) suffix; not 0.
@@ -425,7 +460,11 @@ fn parse_size(text: &str) -> Option<usize> {
         Some((i, 'G' | 'g')) => (&text[..i], 30),
         _ => (text, 0),
     };
-    digits.parse::<usize>().ok().and_then(|n| n.checked_mul(1usize << shift)).filter(|&bytes| bytes > 0)
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(1usize << shift))
+        .filter(|&bytes| bytes > 0)
 }
 
 #[cfg(test)]
@@ -433,8 +472,16 @@ mod tests {
     use super::*;
 
     fn parse(pairs: &[(&str, &str)]) -> Options {
-        let pairs: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Options::from_lookup(|k| pairs.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone()))
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Options::from_lookup(|k| {
+            pairs
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.clone())
+        })
     }
 
     #[test]
@@ -450,7 +497,11 @@ mod tests {
         assert_eq!(parse(&[("OPENREG_DEVICE_COUNT", "4")]).device_count, 4);
         assert_eq!(parse(&[("OPENREG_DEVICE_COUNT", " 0 ")]).device_count, 0);
         for bad in ["-1", "two", "", "17", "1e3"] {
-            assert_eq!(parse(&[("OPENREG_DEVICE_COUNT", bad)]).device_count, 0, "value {bad:?}");
+            assert_eq!(
+                parse(&[("OPENREG_DEVICE_COUNT", bad)]).device_count,
+                0,
+                "value {bad:?}"
+            );
         }
     }
 
@@ -472,24 +523,42 @@ mod tests {
         assert_eq!(x.worker_idle_ms, 1000);
         assert_eq!(invalid(&x), ["OPENREG_WORKER_IDLE_MS"]);
         assert!(parse(&[("OPENREG_MEMORY_PROTECT", "1")]).memory_protect);
-        assert_eq!(parse(&[("OPENREG_RANDOM_THREADS", "3")]).random_threads, 3);
-        assert_eq!(parse(&[]).random_threads, 0);
+        assert_eq!(parse(&[("OPENREG_KERNEL_THREADS", "3")]).kernel_threads, 3);
+        assert_eq!(parse(&[]).kernel_threads, 0);
+        assert_eq!(
+            parse(&[("OPENREG_SPLIT_ELEMENTS", "16")]).split_elements,
+            16
+        );
+        assert_eq!(
+            invalid(&parse(&[("OPENREG_SPLIT_ELEMENTS", "0")])),
+            ["OPENREG_SPLIT_ELEMENTS"]
+        );
     }
 
     #[test]
     fn thread_counts_are_bounded() {
-        assert_eq!(parse(&[("OPENREG_KERNEL_THREADS", "1024")]).kernel_threads, 1024);
-        assert_eq!(parse(&[("OPENREG_RANDOM_THREADS", "1024")]).random_threads, 1024);
-        for (name, bad) in [("OPENREG_KERNEL_THREADS", "0"), ("OPENREG_KERNEL_THREADS", "1025"), ("OPENREG_RANDOM_THREADS", "1025")] {
-            let o = parse(&[(name, bad)]);
-            assert_eq!(invalid(&o), [name], "{name}={bad}");
-            assert_eq!((o.kernel_threads, o.random_threads), (1, 0));
+        assert_eq!(
+            parse(&[("OPENREG_KERNEL_THREADS", "1024")]).kernel_threads,
+            1024
+        );
+        for bad in ["-1", "1025", "two"] {
+            let o = parse(&[("OPENREG_KERNEL_THREADS", bad)]);
+            assert_eq!(
+                invalid(&o),
+                ["OPENREG_KERNEL_THREADS"],
+                "OPENREG_KERNEL_THREADS={bad}"
+            );
+            assert_eq!(o.kernel_threads, 0);
         }
     }
 
     #[test]
     fn choices_and_sources() {
-        let o = parse(&[("OPENREG_LOG", "DEBUG"), ("OPENREG_SYNC_DEBUG", "error"), ("OPENREG_EXIT_DRAIN_MS", "20")]);
+        let o = parse(&[
+            ("OPENREG_LOG", "DEBUG"),
+            ("OPENREG_SYNC_DEBUG", "error"),
+            ("OPENREG_EXIT_DRAIN_MS", "20"),
+        ]);
         assert_eq!(o.log_level, Level::Debug);
         assert_eq!(o.sync_debug, SyncDebugMode::Error);
         assert_eq!(o.exit_drain_ms, 20);
@@ -506,29 +575,52 @@ mod tests {
     #[test]
     fn stream_pool_size_is_bounded() {
         assert_eq!(parse(&[]).stream_pool_size, DEFAULT_STREAM_POOL_SIZE);
-        assert_eq!(parse(&[("OPENREG_STREAM_POOL_SIZE", "4")]).stream_pool_size, 4);
-        assert_eq!(parse(&[("OPENREG_STREAM_POOL_SIZE", "1024")]).stream_pool_size, MAX_STREAM_POOL_SIZE);
+        assert_eq!(
+            parse(&[("OPENREG_STREAM_POOL_SIZE", "4")]).stream_pool_size,
+            4
+        );
+        assert_eq!(
+            parse(&[("OPENREG_STREAM_POOL_SIZE", "1024")]).stream_pool_size,
+            MAX_STREAM_POOL_SIZE
+        );
         for bad in ["0", "1025", "-1", "many", "4.5"] {
             let o = parse(&[("OPENREG_STREAM_POOL_SIZE", bad)]);
             assert_eq!(invalid(&o), ["OPENREG_STREAM_POOL_SIZE"], "value {bad:?}");
             assert_eq!(o.stream_pool_size, DEFAULT_STREAM_POOL_SIZE);
             let message = o.check().unwrap_err().message;
-            assert!(message.contains(&format!("OPENREG_STREAM_POOL_SIZE={bad:?} (expected an integer from 1 to 1024)")), "{message}");
+            assert!(
+                message.contains(&format!(
+                    "OPENREG_STREAM_POOL_SIZE={bad:?} (expected an integer from 1 to 1024)"
+                )),
+                "{message}"
+            );
         }
     }
 
     #[test]
     fn fault_option() {
         assert_eq!(parse(&[]).fault, None);
-        assert_eq!(parse(&[("OPENREG_FAULT", "kernel:2")]).fault, Some((Fault::Kernel, 2)));
-        assert_eq!(parse(&[("OPENREG_FAULT", " ALLOC ")]).fault, Some((Fault::Alloc, 0)));
+        assert_eq!(
+            parse(&[("OPENREG_FAULT", "kernel:2")]).fault,
+            Some((Fault::Kernel, 2))
+        );
+        assert_eq!(
+            parse(&[("OPENREG_FAULT", " ALLOC ")]).fault,
+            Some((Fault::Alloc, 0))
+        );
         let o = parse(&[("OPENREG_FAULT", "disk:1")]);
         assert_eq!((o.fault, invalid(&o)), (None, vec!["OPENREG_FAULT"]));
         assert!(o.check().unwrap_err().message.contains(
             "OPENREG_FAULT=\"disk:1\" (expected kind[:after], kind one of alloc, kernel, event, enumerate and after a \
              non-negative integer)"
         ));
-        let entry = |o: &Options| o.entries().into_iter().find(|e| e.name == "OPENREG_FAULT").unwrap().value;
+        let entry = |o: &Options| {
+            o.entries()
+                .into_iter()
+                .find(|e| e.name == "OPENREG_FAULT")
+                .unwrap()
+                .value
+        };
         assert_eq!(entry(&parse(&[("OPENREG_FAULT", "Event")])), "event:0");
         assert_eq!(entry(&parse(&[])), "");
     }
@@ -573,7 +665,14 @@ mod tests {
             ("OPENREG_LOG", "debug"),
         ]);
         // In the order the options are read.
-        assert_eq!(invalid(&o), ["OPENREG_WORKER_IDLE_MS", "OPENREG_MEMORY_PROTECT", "OPENREG_SYNC_DEBUG"]);
+        assert_eq!(
+            invalid(&o),
+            [
+                "OPENREG_WORKER_IDLE_MS",
+                "OPENREG_MEMORY_PROTECT",
+                "OPENREG_SYNC_DEBUG"
+            ]
+        );
         let error = o.check().unwrap_err();
         assert_eq!(error.kind, crate::error::ErrorKind::InvalidValue);
         assert_eq!(
@@ -584,28 +683,59 @@ mod tests {
              OPENREG_SYNC_DEBUG=\"bogus\" (expected one of default, warn, error); \
              fix or unset these variables"
         );
-        let one = parse(&[("OPENREG_EXIT_DRAIN_MS", "-5")]).check().unwrap_err().message;
-        assert!(one.contains("invalid option value: OPENREG_EXIT_DRAIN_MS=\"-5\" (expected") && one.ends_with("this variable"), "{one}");
+        let one = parse(&[("OPENREG_EXIT_DRAIN_MS", "-5")])
+            .check()
+            .unwrap_err()
+            .message;
+        assert!(
+            one.contains("invalid option value: OPENREG_EXIT_DRAIN_MS=\"-5\" (expected")
+                && one.ends_with("this variable"),
+            "{one}"
+        );
     }
 
     #[test]
     fn the_accepted_choices_are_the_names_the_parser_takes() {
         let accepted = |name: &str| parse(&[(name, "?")]).invalid[0].accepted;
         let names = |choices: &[&str]| format!("one of {}", choices.join(", "));
-        assert_eq!(accepted("OPENREG_LOG"), names(&Level::NAMES.map(|(n, _)| n)));
-        assert_eq!(accepted("OPENREG_SYNC_DEBUG"), names(&SyncDebugMode::NAMES.map(|(n, _)| n)));
+        assert_eq!(
+            accepted("OPENREG_LOG"),
+            names(&Level::NAMES.map(|(n, _)| n))
+        );
+        assert_eq!(
+            accepted("OPENREG_SYNC_DEBUG"),
+            names(&SyncDebugMode::NAMES.map(|(n, _)| n))
+        );
         assert!(accepted("OPENREG_FAULT").contains(&names(&Fault::NAMES.map(|(n, _)| n))));
-        assert_eq!(accepted("OPENREG_DTYPES"), names(&DtypePolicy::NAMES.map(|(n, _)| n)));
+        assert_eq!(
+            accepted("OPENREG_DTYPES"),
+            names(&DtypePolicy::NAMES.map(|(n, _)| n))
+        );
     }
 
     #[test]
     fn dtypes_option() {
         assert_eq!(parse(&[]).dtypes, DtypePolicy::Cuda);
-        assert_eq!(parse(&[("OPENREG_DTYPES", " CPU ")]).dtypes, DtypePolicy::Cpu);
-        assert_eq!(parse(&[("OPENREG_DTYPES", "record")]).dtypes, DtypePolicy::Record);
+        assert_eq!(
+            parse(&[("OPENREG_DTYPES", " CPU ")]).dtypes,
+            DtypePolicy::Cpu
+        );
+        assert_eq!(
+            parse(&[("OPENREG_DTYPES", "record")]).dtypes,
+            DtypePolicy::Record
+        );
         let o = parse(&[("OPENREG_DTYPES", "gpu")]);
-        assert_eq!((o.dtypes, invalid(&o)), (DtypePolicy::Cuda, vec!["OPENREG_DTYPES"]));
-        let entry = |o: &Options| o.entries().into_iter().find(|e| e.name == "OPENREG_DTYPES").unwrap().value;
+        assert_eq!(
+            (o.dtypes, invalid(&o)),
+            (DtypePolicy::Cuda, vec!["OPENREG_DTYPES"])
+        );
+        let entry = |o: &Options| {
+            o.entries()
+                .into_iter()
+                .find(|e| e.name == "OPENREG_DTYPES")
+                .unwrap()
+                .value
+        };
         assert_eq!(entry(&parse(&[("OPENREG_DTYPES", "cpu")])), "cpu");
         assert_eq!(entry(&parse(&[])), "cuda");
     }

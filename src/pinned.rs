@@ -35,8 +35,18 @@ struct Registry {
 static PINNED: Mutex<Registry> = Mutex::new(Registry {
     live: BTreeMap::new(),
     stats: HostStats {
-        allocations: Stat { current: 0, peak: 0, allocated: 0, freed: 0 },
-        allocated_bytes: Stat { current: 0, peak: 0, allocated: 0, freed: 0 },
+        allocations: Stat {
+            current: 0,
+            peak: 0,
+            allocated: 0,
+            freed: 0,
+        },
+        allocated_bytes: Stat {
+            current: 0,
+            peak: 0,
+            allocated: 0,
+            freed: 0,
+        },
         num_host_alloc: 0,
         num_host_free: 0,
     },
@@ -71,7 +81,12 @@ pub fn free(ptr: usize) {
 
 /// Whether `ptr` points into a live pinned allocation.
 pub fn contains(ptr: usize) -> bool {
-    PINNED.lock().live.range(..=ptr).next_back().is_some_and(|(base, len)| ptr < base + len)
+    PINNED
+        .lock()
+        .live
+        .range(..=ptr)
+        .next_back()
+        .is_some_and(|(base, len)| ptr < base + len)
 }
 
 pub fn stats() -> HostStats {

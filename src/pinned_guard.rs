@@ -89,18 +89,31 @@ pub(crate) fn install() {
     });
 }
 
-extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
+extern "C" fn on_fault(
+    signal: libc::c_int,
+    info: *mut libc::siginfo_t,
+    context: *mut libc::c_void,
+) {
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let address = unsafe { (*info).si_addr() } as usize;
     for slot in &GUARDS {
         if slot.state.load(Ordering::Acquire) != ARMED {
             continue;
         }
-        let (start, end) = (slot.start.load(Ordering::Relaxed), slot.end.load(Ordering::Relaxed));
+        let (start, end) = (
+            slot.start.load(Ordering::Relaxed),
+            slot.end.load(Ordering::Relaxed),
+        );
         if (start..end).contains(&address) {
             // SAFETY: mprotect is async-signal-safe; the range is mapped
             // pinned memory (freeing it disarms the slot first).
-            unsafe { libc::mprotect(start as *mut libc::c_void, end - start, libc::PROT_READ | libc::PROT_WRITE) };
+            unsafe {
+                libc::mprotect(
+                    start as *mut libc::c_void,
+                    end - start,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                )
+            };
             slot.state.store(FAULTED, Ordering::Release);
             return; // the access is retried, and succeeds
         }
@@ -114,7 +127,8 @@ extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context:
             return; // the fault repeats, with the default action
         }
         if previous.sa_flags & libc::SA_SIGINFO != 0 {
-            let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = std::mem::transmute(previous.sa_sigaction);
+            let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                std::mem::transmute(previous.sa_sigaction);
             handler(signal, info, context);
         } else {
             let handler: extern "C" fn(libc::c_int) = std::mem::transmute(previous.sa_sigaction);
@@ -124,7 +138,10 @@ extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, context:
 }
 
 fn page_range(address: usize, bytes: usize) -> (usize, usize) {
-    (address / PAGE * PAGE, (address + bytes).div_ceil(PAGE) * PAGE)
+    (
+        address / PAGE * PAGE,
+        (address + bytes).div_ceil(PAGE) * PAGE,
+    )
 }
 
 fn set_protection(start: usize, end: usize, prot: libc::c_int) {
@@ -134,14 +151,24 @@ fn set_protection(start: usize, end: usize, prot: libc::c_int) {
 
 /// Guards `bytes` at `address` (pinned) after a copy at `(agent, seq)`:
 /// `device_writes` (D2H) makes them inaccessible, else read-only.
-pub(crate) fn arm(address: usize, bytes: usize, device_writes: bool, agent: usize, seq: u64, message: &str) {
+pub(crate) fn arm(
+    address: usize,
+    bytes: usize,
+    device_writes: bool,
+    agent: usize,
+    seq: u64,
+    message: &str,
+) {
     if bytes == 0 {
         return;
     }
     let _arming = ARMING.lock();
     let (start, end) = page_range(address, bytes);
     disarm_overlapping(start, end, false);
-    let Some(slot) = GUARDS.iter().find(|s| s.state.load(Ordering::Acquire) == FREE) else {
+    let Some(slot) = GUARDS
+        .iter()
+        .find(|s| s.state.load(Ordering::Acquire) == FREE)
+    else {
         crate::log::once(crate::log::Level::Warn, "openreg sanitizer: more than 64 pinned buffers with pending copies; later ones are not guarded");
         return;
     };
@@ -156,7 +183,15 @@ pub(crate) fn arm(address: usize, bytes: usize, device_writes: bool, agent: usiz
     slot.seq.store(seq, Ordering::Relaxed);
     IN_USE.fetch_add(1, Ordering::AcqRel);
     slot.state.store(ARMED, Ordering::Release);
-    set_protection(start, end, if device_writes { libc::PROT_NONE } else { libc::PROT_READ });
+    set_protection(
+        start,
+        end,
+        if device_writes {
+            libc::PROT_NONE
+        } else {
+            libc::PROT_READ
+        },
+    );
 }
 
 /// Disarms the slots overlapping `start..end`; with `collect`, faulted ones
@@ -164,7 +199,10 @@ pub(crate) fn arm(address: usize, bytes: usize, device_writes: bool, agent: usiz
 fn disarm_overlapping(start: usize, end: usize, collect: bool) {
     for slot in &GUARDS {
         let state = slot.state.load(Ordering::Acquire);
-        let (s, e) = (slot.start.load(Ordering::Relaxed), slot.end.load(Ordering::Relaxed));
+        let (s, e) = (
+            slot.start.load(Ordering::Relaxed),
+            slot.end.load(Ordering::Relaxed),
+        );
         if state == FREE || !(s < end && start < e) || (collect && state == FAULTED) {
             continue;
         }
@@ -207,9 +245,15 @@ pub(crate) fn release_covered(covered: impl Fn(usize, u64) -> bool) {
     let _arming = ARMING.lock();
     for slot in &GUARDS {
         if slot.state.load(Ordering::Acquire) == ARMED
-            && covered(slot.agent.load(Ordering::Relaxed), slot.seq.load(Ordering::Relaxed))
+            && covered(
+                slot.agent.load(Ordering::Relaxed),
+                slot.seq.load(Ordering::Relaxed),
+            )
         {
-            let (s, e) = (slot.start.load(Ordering::Relaxed), slot.end.load(Ordering::Relaxed));
+            let (s, e) = (
+                slot.start.load(Ordering::Relaxed),
+                slot.end.load(Ordering::Relaxed),
+            );
             set_protection(s, e, libc::PROT_READ | libc::PROT_WRITE);
             slot.state.store(FREE, Ordering::Release);
             IN_USE.fetch_sub(1, Ordering::AcqRel);

@@ -77,7 +77,9 @@ pub fn current_correlation() -> u64 {
 
 /// Nanoseconds since the Unix epoch (Kineto's clock).
 pub fn now_ns() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
 }
 
 pub fn record(activity: Activity) {
@@ -97,11 +99,23 @@ pub fn timed(
     if !is_active() {
         return work;
     }
-    let (name, device, stream, correlation) = (name.into(), stream.device(), stream.id(), current_correlation());
+    let (name, device, stream, correlation) = (
+        name.into(),
+        stream.device(),
+        stream.id(),
+        current_correlation(),
+    );
     Box::new(move || {
         let start_ns = now_ns();
         let outcome = work();
-        record(Activity { name: name.clone(), device, stream, start_ns, end_ns: now_ns().max(start_ns), correlation });
+        record(Activity {
+            name: name.clone(),
+            device,
+            stream,
+            start_ns,
+            end_ns: now_ns().max(start_ns),
+            correlation,
+        });
         outcome
     })
 }

@@ -124,7 +124,11 @@ fn apply(mode: Mode) {
     crate::pinned_guard::release_covered(|_, _| true);
     let mut state = STATE.lock();
     if let Some(st) = state.as_mut() {
-        *st = State { reports: std::mem::take(&mut st.reports), counts: st.counts, ..State::default() };
+        *st = State {
+            reports: std::mem::take(&mut st.reports),
+            counts: st.counts,
+            ..State::default()
+        };
     }
     UNMAPPED.lock().clear();
 }
@@ -135,7 +139,11 @@ fn apply(mode: Mode) {
 /// at exit.
 pub(crate) fn init_from_options() {
     mode();
-    crate::lifecycle::register_release(crate::lifecycle::PRIORITY_REPORTS, "sanitizer reports", print_reports_at_exit);
+    crate::lifecycle::register_release(
+        crate::lifecycle::PRIORITY_REPORTS,
+        "sanitizer reports",
+        print_reports_at_exit,
+    );
 }
 
 /// The kinds of report, as `torch.openreg.sanitizer.counts()` names them.
@@ -157,7 +165,13 @@ pub enum Kind {
 }
 
 /// Indexed by `Kind`; NUL-terminated for the C ABI.
-pub const KIND_NAMES: [&CStr; 5] = [c"race", c"write_after_read", c"freed_in_use", c"pinned_host_access", c"query_misuse"];
+pub const KIND_NAMES: [&CStr; 5] = [
+    c"race",
+    c"write_after_read",
+    c"freed_in_use",
+    c"pinned_host_access",
+    c"query_misuse",
+];
 
 /// One range of memory a launch reads or writes, as the shim passes it
 /// (`openreg::ffi::KernelBuffer` in cpp/shim.h, same layout). `tensor` is
@@ -232,7 +246,10 @@ struct Life {
 
 impl Life {
     fn describe(&self) -> String {
-        let what = self.label.get().map_or_else(|| format!("{} bytes of device memory", self.size), |l| format!("tensor {l}"));
+        let what = self.label.get().map_or_else(
+            || format!("{} bytes of device memory", self.size),
+            |l| format!("tensor {l}"),
+        );
         self.with_source(what)
     }
 
@@ -309,10 +326,11 @@ impl State {
     /// The clock of `stream`, after joining what the host has seen.
     fn stream_clock(&mut self, stream: &'static StreamQueue) -> &mut Clock {
         let agent = agent_of(stream);
-        let s = self
-            .streams
-            .entry(agent)
-            .or_insert_with(|| StreamClock { clock: Clock::default(), host_generation: 0, stream });
+        let s = self.streams.entry(agent).or_insert_with(|| StreamClock {
+            clock: Clock::default(),
+            host_generation: 0,
+            stream,
+        });
         if s.host_generation != self.host_generation {
             s.clock.join(&self.host);
             s.host_generation = self.host_generation;
@@ -344,19 +362,35 @@ impl State {
         Some(base)
     }
 
-    fn allocate(&mut self, base: usize, size: usize, stream: &'static StreamQueue, source: Option<String>) {
+    fn allocate(
+        &mut self,
+        base: usize,
+        size: usize,
+        stream: &'static StreamQueue,
+        source: Option<String>,
+    ) {
         self.forget_unmapped();
         let end = base + size;
-        let life = Arc::new(Life { size, agent: agent_of(stream), source, label: OnceLock::new(), freed_at: OnceLock::new() });
+        let life = Arc::new(Life {
+            size,
+            agent: agent_of(stream),
+            source,
+            label: OnceLock::new(),
+            freed_at: OnceLock::new(),
+        });
         let mut records = Vec::new();
         // The uncovered accesses of freed memory this reuses come along.
         let overlapping: Vec<usize> = self.freed.range(..end).map(|(&b, _)| b).collect();
         for key in overlapping {
-            let Some(bucket) = self.freed.remove(&key) else { continue };
+            let Some(bucket) = self.freed.remove(&key) else {
+                continue;
+            };
             let mut kept = Vec::new();
             for mut memory in bucket {
-                let (inside, outside): (Vec<Record>, Vec<Record>) =
-                    memory.records.into_iter().partition(|r| r.overlaps(base, end));
+                let (inside, outside): (Vec<Record>, Vec<Record>) = memory
+                    .records
+                    .into_iter()
+                    .partition(|r| r.overlaps(base, end));
                 records.extend(inside);
                 if !outside.is_empty() {
                     memory.records = outside;
@@ -392,7 +426,11 @@ fn source_line() -> Option<String> {
     // SAFETY: the collector returns null or a NUL-terminated string valid
     // until its next call on this thread.
     let text = unsafe { collector() };
-    (!text.is_null()).then(|| unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned())
+    (!text.is_null()).then(|| {
+        unsafe { CStr::from_ptr(text) }
+            .to_string_lossy()
+            .into_owned()
+    })
 }
 
 /// A new allocation of `size` bytes at `base` for `stream`.
@@ -412,7 +450,9 @@ pub fn freed(base: usize, recorded: &[&'static StreamQueue]) {
     }
     let mut state = STATE.lock();
     let Some(st) = state.as_mut() else { return };
-    let Some(mut memory) = st.live.remove(&base) else { return };
+    let Some(mut memory) = st.live.remove(&base) else {
+        return;
+    };
     let covered: Vec<Agent> = recorded.iter().map(|s| agent_of(s)).collect();
     // The memory is reused only by later work of its allocation stream:
     // what that stream is already ordered after cannot race with it.
@@ -429,7 +469,10 @@ pub fn freed(base: usize, recorded: &[&'static StreamQueue]) {
         return;
     }
     drop(state);
-    let _ = memory.life.freed_at.set(source_line().unwrap_or_else(|| "a free without a Python frame".to_string()));
+    let _ = memory
+        .life
+        .freed_at
+        .set(source_line().unwrap_or_else(|| "a free without a Python frame".to_string()));
     with_state(|st| st.freed.entry(base).or_default().push(memory));
 }
 
@@ -511,7 +554,13 @@ pub fn host_waited_for_stream(stream: &'static StreamQueue) -> Result<()> {
 
 /// Guards the pinned host memory of a non-blocking copy just launched on
 /// `stream` (Note [Pinned memory guard]); `tensor` describes it.
-pub fn guard_pinned_copy(stream: &'static StreamQueue, address: usize, bytes: usize, device_writes: bool, tensor: &str) {
+pub fn guard_pinned_copy(
+    stream: &'static StreamQueue,
+    address: usize,
+    bytes: usize,
+    device_writes: bool,
+    tensor: &str,
+) {
     if !active() || crate::graph::is_capturing(stream) {
         return;
     }
@@ -573,14 +622,21 @@ pub fn check_launch(
     let seq = clock.get(agent) + 1;
     clock.set(agent, seq);
     let clock = clock.clone();
-    let launch = Launch { agent, seq, op, stream };
+    let launch = Launch {
+        agent,
+        seq,
+        op,
+        stream,
+    };
 
     let mut conflict = None;
     let mut bases = Vec::with_capacity(buffers.len());
     for buffer in buffers.iter().filter(|b| b.bytes > 0) {
         let base = st.live_base(buffer.address);
         bases.push(base);
-        let Some(memory) = base.and_then(|b| st.live.get(&b)) else { continue };
+        let Some(memory) = base.and_then(|b| st.live.get(&b)) else {
+            continue;
+        };
         if buffer.tensor != 0 && memory.life.label.get().is_none() {
             let _ = memory.life.label.set(describe(buffer.tensor));
         }
@@ -589,27 +645,46 @@ pub fn check_launch(
             conflict = memory
                 .records
                 .iter()
-                .filter(|r| r.overlaps(start, end) && r.launch.agent != agent && clock.get(r.launch.agent) < r.launch.seq)
+                .filter(|r| {
+                    r.overlaps(start, end)
+                        && r.launch.agent != agent
+                        && clock.get(r.launch.agent) < r.launch.seq
+                })
                 .find(|r| r.write || buffer.written)
                 .map(|r| (r.clone(), *buffer, Arc::clone(&memory.life)));
         }
     }
-    let found = conflict.map(|(earlier, buffer, life)| report(st, &clock, &launch, &earlier, &buffer, &life, describe));
+    let found = conflict.map(|(earlier, buffer, life)| {
+        report(st, &clock, &launch, &earlier, &buffer, &life, describe)
+    });
     if mode() == Mode::Raise {
         if let Some((kind, message)) = found {
             drop(state);
-            return Err(Error::new(ErrorKind::InvalidValue, add_report(kind, message)));
+            return Err(Error::new(
+                ErrorKind::InvalidValue,
+                add_report(kind, message),
+            ));
         }
     }
     for (buffer, base) in buffers.iter().filter(|b| b.bytes > 0).zip(bases) {
-        let Some(memory) = base.and_then(|b| st.live.get_mut(&b)) else { continue };
+        let Some(memory) = base.and_then(|b| st.live.get_mut(&b)) else {
+            continue;
+        };
         let (start, end) = (buffer.address, buffer.address + buffer.bytes);
         // A write ordered after every access it covers replaces them (a
         // conflicting one was reported); a read replaces this stream's
         // earlier reads of the same bytes.
-        memory.records.retain(|r| !(r.within(start, end) && (buffer.written || (!r.write && r.launch.agent == agent))));
+        memory.records.retain(|r| {
+            !(r.within(start, end) && (buffer.written || (!r.write && r.launch.agent == agent)))
+        });
         let life = Arc::clone(&memory.life);
-        memory.records.push(Record { start, end, write: buffer.written, launch, life });
+        memory.records.push(Record {
+            start,
+            end,
+            write: buffer.written,
+            launch,
+            life,
+        });
         if memory.records.len() > MAX_RECORDS {
             merge_records(&mut memory.records);
         }
@@ -627,7 +702,9 @@ pub fn check_launch(
 fn merge_records(records: &mut Vec<Record>) {
     let mut merged: Vec<Record> = Vec::new();
     for r in records.drain(..) {
-        match merged.iter_mut().find(|m| m.launch.agent == r.launch.agent && m.write == r.write && Arc::ptr_eq(&m.life, &r.life)) {
+        match merged.iter_mut().find(|m| {
+            m.launch.agent == r.launch.agent && m.write == r.write && Arc::ptr_eq(&m.life, &r.life)
+        }) {
             Some(m) => {
                 m.start = m.start.min(r.start);
                 m.end = m.end.max(r.end);
@@ -642,7 +719,11 @@ fn merge_records(records: &mut Vec<Record>) {
 }
 
 fn stream_name(stream: &StreamQueue) -> String {
-    format!("openreg stream {} of device {}", stream.id(), stream.device())
+    format!(
+        "openreg stream {} of device {}",
+        stream.id(),
+        stream.device()
+    )
 }
 
 /// The report of `launch` accessing `buffer` against the `earlier` access.
@@ -655,15 +736,30 @@ fn report(
     life: &Arc<Life>,
     describe: &dyn Fn(usize) -> String,
 ) -> (Kind, String) {
-    let (now, then) = (stream_name(launch.stream), stream_name(earlier.launch.stream));
+    let (now, then) = (
+        stream_name(launch.stream),
+        stream_name(earlier.launch.stream),
+    );
     let tensor = match buffer.tensor {
         0 => life.describe(),
         t => life.with_source(format!("tensor {}", describe(t))),
     };
-    let (verb, access) = if buffer.written { ("writes", "write") } else { ("reads", "read") };
-    let (earlier_verb, earlier_access) = if earlier.write { ("wrote", "write") } else { ("read", "read") };
+    let (verb, access) = if buffer.written {
+        ("writes", "write")
+    } else {
+        ("reads", "read")
+    };
+    let (earlier_verb, earlier_access) = if earlier.write {
+        ("wrote", "write")
+    } else {
+        ("read", "read")
+    };
     let known = clock.get(earlier.launch.agent);
-    let queried = st.host_queried.get(&earlier.launch.agent).copied().unwrap_or(0);
+    let queried = st
+        .host_queried
+        .get(&earlier.launch.agent)
+        .copied()
+        .unwrap_or(0);
     let reused = !Arc::ptr_eq(&earlier.life, life);
     let kind = if reused {
         Kind::FreedInUse
@@ -674,21 +770,36 @@ fn report(
     } else {
         Kind::Race
     };
-    let mut text = format!("openreg sanitizer: {}: {} on {now} {verb} {tensor}", KIND_NAMES[kind as usize].to_string_lossy(), launch.op);
-    let _ = write!(text, ", which {} {earlier_verb} on {then} (its launch {})", earlier.launch.op, earlier.launch.seq);
+    let mut text = format!(
+        "openreg sanitizer: {}: {} on {now} {verb} {tensor}",
+        KIND_NAMES[kind as usize].to_string_lossy(),
+        launch.op
+    );
+    let _ = write!(
+        text,
+        ", which {} {earlier_verb} on {then} (its launch {})",
+        earlier.launch.op, earlier.launch.seq
+    );
     if reused {
         let _ = write!(
             text,
             " while that memory was {}, freed at {} and reused since",
             earlier.life.describe(),
-            earlier.life.freed_at.get().map_or("an unknown place", String::as_str),
+            earlier
+                .life
+                .freed_at
+                .get()
+                .map_or("an unknown place", String::as_str),
         );
     }
     let waited = match known {
         0 => format!("{now} has waited for none of {then}'s work"),
         n => format!("{now} has waited only for {then}'s first {n} launches"),
     };
-    let _ = write!(text, "; nothing orders that {earlier_access} before this {access}: {waited}.");
+    let _ = write!(
+        text,
+        "; nothing orders that {earlier_access} before this {access}: {waited}."
+    );
     text.push_str("\n  likely fix: ");
     text.push_str(&match kind {
         Kind::FreedInUse => format!(
@@ -747,7 +858,10 @@ pub(crate) fn add_report(kind: Kind, mut message: String) -> String {
 
 pub fn reports() -> Vec<String> {
     crate::pinned_guard::collect_faults();
-    STATE.lock().as_ref().map_or_else(Vec::new, |st| st.reports.clone())
+    STATE
+        .lock()
+        .as_ref()
+        .map_or_else(Vec::new, |st| st.reports.clone())
 }
 
 pub fn counts() -> [u64; 5] {
@@ -778,7 +892,10 @@ fn print_reports_at_exit() {
     if reports.is_empty() || mode() != Mode::Warn {
         return;
     }
-    eprintln!("openreg sanitizer: {} stream-ordering reports:", reports.len());
+    eprintln!(
+        "openreg sanitizer: {} stream-ordering reports:",
+        reports.len()
+    );
     for report in &reports {
         eprintln!("{report}");
     }

@@ -117,7 +117,10 @@ pub enum Task {
     /// replay (Note [Graph capture] in graph.rs).
     Run(Box<dyn FnMut() -> Result<()> + Send>),
     /// Block this stream until `stream` has completed `seq` tasks (event wait).
-    WaitFor { stream: &'static StreamQueue, seq: u64 },
+    WaitFor {
+        stream: &'static StreamQueue,
+        seq: u64,
+    },
     /// Stamp the time this point of the stream is reached (timing events).
     Timestamp { event: Arc<Event>, version: u64 },
 }
@@ -143,12 +146,18 @@ impl TaskName {
 
     /// The kernel called `name`.
     pub const fn kernel(name: &'static CStr) -> TaskName {
-        TaskName { text: name.as_ptr(), kernel: true }
+        TaskName {
+            text: name.as_ptr(),
+            kernel: true,
+        }
     }
 
     /// Work that is not a kernel, described by `phrase` ("a wait for …").
     pub const fn other(phrase: &'static CStr) -> TaskName {
-        TaskName { text: phrase.as_ptr(), kernel: false }
+        TaskName {
+            text: phrase.as_ptr(),
+            kernel: false,
+        }
     }
 
     /// The kernel called `name`; a null `name` reads as "kernel".
@@ -159,7 +168,10 @@ impl TaskName {
     pub unsafe fn kernel_from_ptr(name: *const c_char) -> TaskName {
         match name.is_null() {
             true => TaskName::kernel(c"kernel"),
-            false => TaskName { text: name, kernel: true },
+            false => TaskName {
+                text: name,
+                kernel: true,
+            },
         }
     }
 
@@ -186,7 +198,9 @@ impl Task {
     fn default_name(&self) -> TaskName {
         match self {
             Task::Run(_) => TaskName::UNNAMED,
-            Task::WaitFor { .. } => TaskName::other(c"a wait for work of another stream (an event wait)"),
+            Task::WaitFor { .. } => {
+                TaskName::other(c"a wait for work of another stream (an event wait)")
+            }
             Task::Timestamp { .. } => TaskName::other(c"an event time stamp"),
         }
     }
@@ -287,7 +301,10 @@ impl StreamQueue {
         // SAFETY: the caller guarantees readability; streams are never freed.
         match unsafe { ptr.as_ref() } {
             Some(q) if q.magic == STREAM_MAGIC => Ok(q),
-            _ => Err(Error::new(ErrorKind::InvalidHandle, format!("{ptr:p} is not an openreg stream handle"))),
+            _ => Err(Error::new(
+                ErrorKind::InvalidHandle,
+                format!("{ptr:p} is not an openreg stream handle"),
+            )),
         }
     }
 
@@ -301,11 +318,18 @@ impl StreamQueue {
 
     /// `submit`, naming the task for errors (Note [Task names]), with a
     /// description of it for a capture's debug dump (called only then).
-    pub fn submit_named(&'static self, task: Task, name: TaskName, describe: impl FnOnce() -> String) -> Result<u64> {
+    pub fn submit_named(
+        &'static self,
+        task: Task,
+        name: TaskName,
+        describe: impl FnOnce() -> String,
+    ) -> Result<u64> {
         let seq = {
             let mut st = self.state.lock();
             if st.shutting_down {
-                return Err(Error::invalid_value(format!("{self} is shut down: the runtime is finalizing")));
+                return Err(Error::invalid_value(format!(
+                    "{self} is shut down: the runtime is finalizing"
+                )));
             }
             // Under the lock: Note [Stopped devices] in device_stop.rs.
             crate::device_stop::check_running(self.device)?;
@@ -344,7 +368,9 @@ impl StreamQueue {
             }
             Err(e) => {
                 st.tasks.pop_back();
-                Err(Error::invalid_value(format!("{self}: cannot start its worker thread: {e}")))
+                Err(Error::invalid_value(format!(
+                    "{self}: cannot start its worker thread: {e}"
+                )))
             }
         }
     }
@@ -356,7 +382,10 @@ impl StreamQueue {
         loop {
             if !st.inline_running {
                 if let Some((task, name)) = st.tasks.pop_front() {
-                    st.running = Some(Running { since: Instant::now(), name });
+                    st.running = Some(Running {
+                        since: Instant::now(),
+                        name,
+                    });
                     drop(st);
                     let is_kernel = matches!(task, Task::Run(_));
                     let outcome = catch_unwind(AssertUnwindSafe(|| run(task)));
@@ -376,7 +405,9 @@ impl StreamQueue {
                     continue;
                 }
             }
-            if st.shutting_down || self.work_available.wait_for(&mut st, idle).timed_out() && st.tasks.is_empty() {
+            if st.shutting_down
+                || self.work_available.wait_for(&mut st, idle).timed_out() && st.tasks.is_empty()
+            {
                 st.worker_running = false;
                 self.progress.notify_all();
                 return;
@@ -387,7 +418,10 @@ impl StreamQueue {
     fn flatten(&self, outcome: std::thread::Result<Result<()>>) -> Result<()> {
         match outcome {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(Error::new(e.kind, format!("a kernel on {self} failed: {e}"))),
+            Ok(Err(e)) => Err(Error::new(
+                e.kind,
+                format!("a kernel on {self} failed: {e}"),
+            )),
             Err(panic) => Err(task_failed(self, panic)),
         }
     }
@@ -408,14 +442,21 @@ impl StreamQueue {
     /// `name` names the work for an op timeout seen by another thread.
     pub fn try_begin_inline(&self, name: TaskName) -> bool {
         let mut st = self.state.lock();
-        if st.completed != self.marker() || st.shutting_down || st.capture.is_some() || crate::device_stop::is_stopped(self.device) {
+        if st.completed != self.marker()
+            || st.shutting_down
+            || st.capture.is_some()
+            || crate::device_stop::is_stopped(self.device)
+        {
             return false; // a stopped device's error comes from `submit`
         }
         crate::utilization::stream_became_busy(self.device);
         self.count_submission(&st);
         st.inline_running = true;
         RUNNING_STREAM.with(|running| running.set(self as *const Self as usize));
-        st.running = Some(Running { since: Instant::now(), name });
+        st.running = Some(Running {
+            since: Instant::now(),
+            name,
+        });
         true
     }
 
@@ -424,7 +465,9 @@ impl StreamQueue {
     fn maybe_inject_kernel_fault(&self, st: &mut QueueState) {
         if crate::fault::strikes(crate::fault::Fault::Kernel) {
             let what = format!("a kernel on {self} failed");
-            self.park_failure(st, || crate::fault::error(crate::fault::Fault::Kernel, &what));
+            self.park_failure(st, || {
+                crate::fault::error(crate::fault::Fault::Kernel, &what)
+            });
         }
     }
 
@@ -585,9 +628,13 @@ impl StreamQueue {
     pub(crate) fn join_capture(&self, capture: Arc<Capture>) -> Result<()> {
         let mut st = self.state.lock();
         if st.capture.is_some() {
-            return Err(Error::new(ErrorKind::StreamCapture, format!("{self} is already part of a graph capture")));
+            return Err(Error::new(
+                ErrorKind::StreamCapture,
+                format!("{self} is already part of a graph capture"),
+            ));
         }
-        self.capture_pool.store(capture.pool_key(), Ordering::Release);
+        self.capture_pool
+            .store(capture.pool_key(), Ordering::Release);
         st.capture = Some(capture);
         Ok(())
     }
@@ -624,7 +671,10 @@ impl StreamQueue {
     /// caller to store; a busy stream gets a task that stamps `event` when
     /// the worker gets there. (Returning the time instead of stamping here
     /// lets the caller hold the event's lock.)
-    pub(crate) fn mark(&'static self, timestamp: Option<(Arc<Event>, u64)>) -> Result<(u64, Option<Instant>)> {
+    pub(crate) fn mark(
+        &'static self,
+        timestamp: Option<(Arc<Event>, u64)>,
+    ) -> Result<(u64, Option<Instant>)> {
         let st = self.state.lock();
         match timestamp {
             Some((event, version)) if st.completed != self.marker() => {
@@ -657,13 +707,20 @@ impl StreamQueue {
     /// `why` ("at exit").
     pub(crate) fn abandon_queued(&self, why: &str) -> Vec<Task> {
         let mut st = self.state.lock();
-        let abandoned: Vec<Task> = std::mem::take(&mut st.tasks).into_iter().map(|(task, _)| task).collect();
+        let abandoned: Vec<Task> = std::mem::take(&mut st.tasks)
+            .into_iter()
+            .map(|(task, _)| task)
+            .collect();
         let count = abandoned.len();
         if count == 0 {
             return abandoned;
         }
         st.completed += count as u64;
-        self.park_failure(&mut st, || Error::invalid_value(format!("{self}: {count} queued kernels were abandoned {why}")));
+        self.park_failure(&mut st, || {
+            Error::invalid_value(format!(
+                "{self}: {count} queued kernels were abandoned {why}"
+            ))
+        });
         if st.completed == self.marker() {
             crate::utilization::stream_became_idle(self.device);
         }
@@ -736,7 +793,9 @@ impl DeviceStreams {
     pub fn new(device: DeviceIndex) -> DeviceStreams {
         DeviceStreams {
             device,
-            streams: (0..streams_per_device() as StreamId).map(|id| StreamQueue::new(device, id)).collect(),
+            streams: (0..streams_per_device() as StreamId)
+                .map(|id| StreamQueue::new(device, id))
+                .collect(),
             next_slot: [const { AtomicUsize::new(0) }; PRIORITY_LEVELS],
         }
     }
@@ -770,29 +829,43 @@ impl DeviceStreams {
     /// leaving parked failures for the next `synchronize` (Note [Host exit]
     /// in lifecycle.rs); returns whether all of it completed.
     pub(crate) fn drain_all(&self, deadline: Instant) -> bool {
-        self.streams.iter().all(|s| s.wait_until(s.marker(), deadline))
+        self.streams
+            .iter()
+            .all(|s| s.wait_until(s.marker(), deadline))
     }
 
     /// `(stream, its current end)` for every stream with unfinished work.
     pub(crate) fn unfinished_points(&'static self) -> Vec<(&'static StreamQueue, u64)> {
-        self.streams.iter().map(|s| (s, s.marker())).filter(|(s, seq)| !s.has_completed(*seq)).collect()
+        self.streams
+            .iter()
+            .map(|s| (s, s.marker()))
+            .filter(|(s, seq)| !s.has_completed(*seq))
+            .collect()
     }
 
     /// Abandons every stream's queued tasks, saying `why`; returns them
     /// (see `StreamQueue::abandon_queued`).
     pub(crate) fn abandon_all(&self, why: &str) -> Vec<Task> {
-        self.streams.iter().flat_map(|s| s.abandon_queued(why)).collect()
+        self.streams
+            .iter()
+            .flat_map(|s| s.abandon_queued(why))
+            .collect()
     }
 
     /// Stops every worker, waiting until `deadline` at most; returns whether
     /// all stopped.
     pub(crate) fn shut_down_all(&self, deadline: Option<Instant>) -> bool {
-        self.streams.iter().fold(true, |all, s| s.shut_down(deadline) && all)
+        self.streams
+            .iter()
+            .fold(true, |all, s| s.shut_down(deadline) && all)
     }
 
     /// How many of this device's streams have a live worker thread.
     pub fn live_workers(&self) -> usize {
-        self.streams.iter().filter(|s| s.state.lock().worker_running).count()
+        self.streams
+            .iter()
+            .filter(|s| s.state.lock().worker_running)
+            .count()
     }
 }
 
@@ -842,7 +915,9 @@ pub fn exchange_current_stream(device: DeviceIndex, id: StreamId) -> Result<Stre
 /// A device of -1 means this thread's current device.
 #[inline]
 pub fn lookup(device: i64, id: StreamId) -> Result<&'static StreamQueue> {
-    crate::device::context(crate::device::resolve(device))?.streams.get(id)
+    crate::device::context(crate::device::resolve(device))?
+        .streams
+        .get(id)
 }
 
 /// This thread's current stream of `device` (-1: the current device),

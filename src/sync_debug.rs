@@ -34,15 +34,20 @@ pub enum SyncDebugMode {
 }
 
 impl SyncDebugMode {
-    pub const NAMES: [(&'static str, SyncDebugMode); 3] =
-        [("default", SyncDebugMode::Default), ("warn", SyncDebugMode::Warn), ("error", SyncDebugMode::Error)];
+    pub const NAMES: [(&'static str, SyncDebugMode); 3] = [
+        ("default", SyncDebugMode::Default),
+        ("warn", SyncDebugMode::Warn),
+        ("error", SyncDebugMode::Error),
+    ];
 
     pub fn name(self) -> &'static str {
         SyncDebugMode::NAMES[self as usize].0
     }
 
     fn from_code(code: u8) -> SyncDebugMode {
-        SyncDebugMode::NAMES.get(code as usize).map_or(SyncDebugMode::Default, |(_, mode)| *mode)
+        SyncDebugMode::NAMES
+            .get(code as usize)
+            .map_or(SyncDebugMode::Default, |(_, mode)| *mode)
     }
 }
 

@@ -57,14 +57,22 @@ struct BusyClock {
 
 impl BusyClock {
     const fn new() -> BusyClock {
-        BusyClock { busy_streams: 0, busy_ns: 0, busy_since: 0, knots: VecDeque::new() }
+        BusyClock {
+            busy_streams: 0,
+            busy_ns: 0,
+            busy_since: 0,
+            knots: VecDeque::new(),
+        }
     }
 
     fn push(&mut self, time: u64) {
         if self.knots.len() == MAX_KNOTS {
             self.knots.pop_front();
         }
-        self.knots.push_back(Knot { time, busy: self.busy_ns });
+        self.knots.push_back(Knot {
+            time,
+            busy: self.busy_ns,
+        });
         let horizon = time.saturating_sub(WINDOW.as_nanos() as u64);
         // Keep one knot at or before the horizon for interpolating there.
         while self.knots.len() > 2 && self.knots[1].time <= horizon {
@@ -82,16 +90,24 @@ impl BusyClock {
 
     /// Busy time accumulated up to `time` (not after the last knot).
     fn busy_at(&self, time: u64) -> u64 {
-        let Some(first) = self.knots.front() else { return 0 };
+        let Some(first) = self.knots.front() else {
+            return 0;
+        };
         if time <= first.time {
             return first.busy;
         }
-        let after = self.knots.iter().position(|k| k.time >= time).unwrap_or(self.knots.len() - 1);
+        let after = self
+            .knots
+            .iter()
+            .position(|k| k.time >= time)
+            .unwrap_or(self.knots.len() - 1);
         let (a, b) = (self.knots[after - 1], self.knots[after]);
         if b.time <= a.time {
             return b.busy;
         }
-        a.busy + ((b.busy - a.busy) as u128 * (time - a.time) as u128 / (b.time - a.time) as u128) as u64
+        a.busy
+            + ((b.busy - a.busy) as u128 * (time - a.time) as u128 / (b.time - a.time) as u128)
+                as u64
     }
 
     fn fraction(&self, now: u64, window: u64) -> f64 {
@@ -115,7 +131,8 @@ impl BusyClock {
     }
 }
 
-static CLOCKS: [Mutex<BusyClock>; MAX_DEVICES] = [const { Mutex::new(BusyClock::new()) }; MAX_DEVICES];
+static CLOCKS: [Mutex<BusyClock>; MAX_DEVICES] =
+    [const { Mutex::new(BusyClock::new()) }; MAX_DEVICES];
 
 /// A stream of `device` went from idle to busy.
 pub(crate) fn stream_became_busy(device: DeviceIndex) {

@@ -40,13 +40,21 @@ fn small_requests_split_one_segment() {
     let s = stream();
     let ptrs: Vec<usize> = (0..4).map(|_| a.malloc(4096, s).ok().unwrap()).collect();
     for w in ptrs.windows(2) {
-        assert_eq!(w[1] - w[0], 4096, "blocks are carved from one segment in order");
+        assert_eq!(
+            w[1] - w[0],
+            4096,
+            "blocks are carved from one segment in order"
+        );
     }
     let st = a.stats();
     assert_eq!(st.segment.all().current, 1);
     assert_eq!(st.reserved_bytes.all().current as usize, SMALL_SEGMENT);
     assert_eq!(st.allocated_bytes.all().current, 4 * 4096);
-    assert_eq!(st.inactive_split.all().current, 1, "the rest of the segment is one inactive split block");
+    assert_eq!(
+        st.inactive_split.all().current,
+        1,
+        "the rest of the segment is one inactive split block"
+    );
     // Freeing everything merges the segment back into one block.
     ptrs.iter().for_each(|&p| a.free(p).unwrap());
     let st = a.stats();
@@ -63,7 +71,10 @@ fn blocks_are_not_shared_between_streams() {
     let p = a.malloc(2048, s1).ok().unwrap();
     a.free(p).unwrap();
     let q = a.malloc(2048, s2).ok().unwrap();
-    assert_ne!(p, q, "another stream must not get a block without synchronization");
+    assert_ne!(
+        p, q,
+        "another stream must not get a block without synchronization"
+    );
     assert_eq!(a.stats().segment.all().current, 2);
 }
 
@@ -72,13 +83,20 @@ fn record_stream_defers_reuse_until_that_stream_passes_the_free() {
     let a = allocator();
     let (owner, user) = (stream(), stream());
     let p = a.malloc(1 << 16, owner).ok().unwrap();
-    user.submit(Task::Run(Box::new(|| Ok(thread::sleep(Duration::from_millis(150)))))).unwrap();
+    user.submit(Task::Run(Box::new(|| {
+        Ok(thread::sleep(Duration::from_millis(150)))
+    })))
+    .unwrap();
     a.record_stream(p, user).unwrap();
     a.free(p).unwrap();
     let q = a.malloc(1 << 16, owner).ok().unwrap();
     assert_ne!(p, q, "reused while another stream may still use it");
     let st = a.stats();
-    assert_eq!(st.allocated_bytes.all().current, 1 << 16, "the pending block no longer counts as allocated");
+    assert_eq!(
+        st.allocated_bytes.all().current,
+        1 << 16,
+        "the pending block no longer counts as allocated"
+    );
     assert_eq!(st.active.all().current, 2, "but is still active");
     user.synchronize().unwrap();
     a.free(q).unwrap();
@@ -109,13 +127,20 @@ fn segments_are_unmapped_only_after_their_stream_passes_the_free() {
     let p = a.malloc(4096, s).ok().unwrap();
     let release = hold(s);
     a.free(p).unwrap();
-    assert_eq!(a.malloc(4096, s).ok(), Some(p), "reused for later work on the same stream");
+    assert_eq!(
+        a.malloc(4096, s).ok(),
+        Some(p),
+        "reused for later work on the same stream"
+    );
     a.free(p).unwrap();
     let reserved_while_queued = thread::scope(|scope| {
         let emptying = scope.spawn(|| a.empty_cache());
         thread::sleep(Duration::from_millis(100));
         let reserved = a.stats().reserved_bytes.all().current;
-        assert!(!emptying.is_finished(), "empty_cache did not wait for the stream");
+        assert!(
+            !emptying.is_finished(),
+            "empty_cache did not wait for the stream"
+        );
         drop(release);
         emptying.join().unwrap();
         reserved
@@ -136,7 +161,10 @@ fn out_of_memory_retry_waits_for_queued_kernels_before_unmapping() {
         // a queued kernel may still touch it.
         let growing = scope.spawn(|| a.malloc(50 * MIB, s).ok());
         thread::sleep(Duration::from_millis(100));
-        assert!(!growing.is_finished(), "unmapped a segment its stream had not passed");
+        assert!(
+            !growing.is_finished(),
+            "unmapped a segment its stream had not passed"
+        );
         // The allocator is not locked meanwhile.
         assert_eq!(a.stats().reserved_bytes.all().current as usize, 40 * MIB);
         drop(release);
@@ -154,16 +182,26 @@ fn stats_follow_cuda_arithmetic() {
     let st = a.stats();
     assert_eq!(st.allocation.0[1].current, 1);
     assert_eq!(st.allocation.0[2].current, 1);
-    assert_eq!(st.allocated_bytes.0[1].current, 512, "small requests round up to 512 bytes");
+    assert_eq!(
+        st.allocated_bytes.0[1].current, 512,
+        "small requests round up to 512 bytes"
+    );
     assert_eq!(st.allocated_bytes.0[2].current as usize, 3 * MIB);
     assert_eq!(st.requested_bytes.all().current as usize, 100 + 3 * MIB);
-    assert_eq!(st.reserved_bytes.0[2].current as usize, 20 * MIB, "mid-size requests get a 20 MiB segment");
+    assert_eq!(
+        st.reserved_bytes.0[2].current as usize,
+        20 * MIB,
+        "mid-size requests get a 20 MiB segment"
+    );
     a.free(small).unwrap();
     a.free(large).unwrap();
     let st = a.stats();
     assert_eq!(st.allocated_bytes.all().current, 0);
     assert_eq!(st.allocated_bytes.all().peak as usize, 512 + 3 * MIB);
-    assert_eq!(st.allocated_bytes.all().freed, st.allocated_bytes.all().allocated);
+    assert_eq!(
+        st.allocated_bytes.all().freed,
+        st.allocated_bytes.all().allocated
+    );
     a.reset_peak_stats();
     assert_eq!(a.stats().allocated_bytes.all().peak, 0);
     a.reset_accumulated_stats();
@@ -187,7 +225,12 @@ fn out_of_memory_after_releasing_the_cache() {
     assert!(err.out_of_memory);
     assert_eq!(err.error.kind, ErrorKind::OutOfMemory);
     let msg = err.error.message;
-    assert!(msg.contains("device 0") && msg.contains("30.00 MiB") && msg.contains("50.00 MiB is allocated"), "{msg}");
+    assert!(
+        msg.contains("device 0")
+            && msg.contains("30.00 MiB")
+            && msg.contains("50.00 MiB is allocated"),
+        "{msg}"
+    );
     assert_eq!(a.stats().num_ooms, 1);
     a.free(second).unwrap();
     assert!(a.malloc(30 * MIB, s).is_ok());

@@ -15,7 +15,9 @@ const INVALID_VALUE: OrError = 2;
 
 fn last_message() -> String {
     // SAFETY: orGetLastErrorMessage returns a NUL-terminated thread-local string.
-    unsafe { CStr::from_ptr(orGetLastErrorMessage()) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(orGetLastErrorMessage()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 fn ok(code: OrError) {
@@ -24,7 +26,10 @@ fn ok(code: OrError) {
 
 fn create_event(timing: bool) -> *mut c_void {
     let mut e = null_mut();
-    ok(orEventCreate(&mut e, if timing { 0 } else { OR_EVENT_DISABLE_TIMING }));
+    ok(orEventCreate(
+        &mut e,
+        if timing { 0 } else { OR_EVENT_DISABLE_TIMING },
+    ));
     assert!(!e.is_null());
     e
 }
@@ -46,15 +51,24 @@ fn assert_rejected_everywhere(bad: *mut c_void, good: *mut c_void, what: &str) {
         ("orEventQuery", Box::new(|| orEventQuery(bad))),
         ("orEventSynchronize", Box::new(|| orEventSynchronize(bad))),
         ("orStreamWaitEvent", Box::new(|| orStreamWaitEvent(s, bad))),
-        ("orEventElapsedTime (start)", Box::new(|| orEventElapsedTime(ms, bad, good))),
-        ("orEventElapsedTime (end)", Box::new(|| orEventElapsedTime(ms, good, bad))),
+        (
+            "orEventElapsedTime (start)",
+            Box::new(|| orEventElapsedTime(ms, bad, good)),
+        ),
+        (
+            "orEventElapsedTime (end)",
+            Box::new(|| orEventElapsedTime(ms, good, bad)),
+        ),
         ("orEventDestroy", Box::new(|| orEventDestroy(bad))),
         ("orEventDestroy again", Box::new(|| orEventDestroy(bad))),
     ];
     for (name, call) in &calls {
         assert_eq!(call(), INVALID_HANDLE, "{name} with {what}");
         let message = last_message();
-        assert!(message.contains("event handle"), "{name} with {what}: {message}");
+        assert!(
+            message.contains("event handle"),
+            "{name} with {what}: {message}"
+        );
     }
     ok(orEventQuery(good));
     ok(orEventSynchronize(good));
@@ -72,7 +86,11 @@ fn double_destroy_is_an_invalid_handle() {
     let e = create_event(false);
     ok(orEventDestroy(e));
     assert_eq!(orEventDestroy(e), INVALID_HANDLE);
-    assert!(last_message().contains("not a live openreg event handle"), "{}", last_message());
+    assert!(
+        last_message().contains("not a live openreg event handle"),
+        "{}",
+        last_message()
+    );
 }
 
 #[test]
@@ -93,7 +111,10 @@ fn a_destroyed_handle_stays_invalid_when_its_slot_is_reused() {
     let old = create_event(false);
     ok(orEventDestroy(old));
     let fresh: Vec<_> = (0..4).map(|_| create_event(false)).collect();
-    assert!(!fresh.contains(&old), "a new event got a destroyed handle back");
+    assert!(
+        !fresh.contains(&old),
+        "a new event got a destroyed handle back"
+    );
     assert_rejected_everywhere(old, good, "a destroyed event whose slot was reused");
     for e in fresh {
         ok(orEventQuery(e)); // untouched by the calls on `old`
@@ -109,8 +130,14 @@ fn garbage_and_null_handles_are_invalid() {
     let boxed = Box::new([0u8; 256]);
     let garbage: [(*mut c_void, &str); 5] = [
         (0x1234 as *mut c_void, "0x1234"),
-        (&local as *const u64 as *mut c_void, "the address of a local"),
-        (boxed.as_ptr() as *mut c_void, "the address of a heap object"),
+        (
+            &local as *const u64 as *mut c_void,
+            "the address of a local",
+        ),
+        (
+            boxed.as_ptr() as *mut c_void,
+            "the address of a heap object",
+        ),
         (pool_stream(0), "a stream handle"),
         (usize::MAX as *mut c_void, "all ones"),
     ];
@@ -144,7 +171,10 @@ fn a_stream_waits_on_an_event_of_another_device_through_the_c_abi() {
     ok(orStreamWaitEvent(s1, e));
     ok(orLaunchHostFunc(s1, Some(observe), null_mut()));
     ok(orStreamSynchronize(s1));
-    assert!(SEEN.load(Ordering::SeqCst), "device 1 ran work before device 0 reached the event");
+    assert!(
+        SEEN.load(Ordering::SeqCst),
+        "device 1 ran work before device 0 reached the event"
+    );
 
     // Recording stays limited to streams of the event's device.
     assert_eq!(orEventRecord(e, s1), INVALID_VALUE);
@@ -169,7 +199,14 @@ fn work_that_waits_for_its_own_stream_fails_instead_of_hanging() {
     ok(orLaunchHostFunc(s, Some(slow_then_flag), null_mut()));
     ok(orLaunchHostFunc(s, Some(synchronize_own_stream), s));
     ok(orStreamSynchronize(s));
-    let (code, message) = SELF_WAIT.lock().unwrap().take().expect("the host function ran");
+    let (code, message) = SELF_WAIT
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the host function ran");
     assert_eq!(code, INVALID_VALUE);
-    assert!(message.contains("waits for") && message.contains("itself"), "{message}");
+    assert!(
+        message.contains("waits for") && message.contains("itself"),
+        "{message}"
+    );
 }

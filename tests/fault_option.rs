@@ -14,12 +14,19 @@ fn the_option_arms_a_kernel_fault_counted_from_the_start() {
     stream.synchronize().unwrap(); // the one allowed to succeed
     stream.submit(Task::Run(Box::new(|| Ok(())))).unwrap();
     let error = stream.synchronize().unwrap_err();
-    assert_eq!(error.message, "injected fault (kernel): a kernel on openreg stream 0 on device 0 failed (OPENREG_FAULT)");
+    assert_eq!(
+        error.message,
+        "injected fault (kernel): a kernel on openreg stream 0 on device 0 failed (OPENREG_FAULT)"
+    );
     // Once only; the stream keeps working.
     stream.submit(Task::Run(Box::new(|| Ok(())))).unwrap();
     stream.synchronize().unwrap();
     // A later injection says where it came from.
     fault::inject(Fault::Kernel, 0);
     stream.submit(Task::Run(Box::new(|| Ok(())))).unwrap();
-    assert!(stream.synchronize().unwrap_err().message.ends_with("(torch.openreg._inject_fault)"));
+    assert!(stream
+        .synchronize()
+        .unwrap_err()
+        .message
+        .ends_with("(torch.openreg._inject_fault)"));
 }

@@ -18,7 +18,9 @@ use torch_openreg::stream::{StreamQueue, Task};
 /// synchronization): the tests of this binary run one at a time.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn fresh_stream() -> &'static StreamQueue {
@@ -45,7 +47,10 @@ fn capture_records_and_each_launch_replays_in_order() {
         s.submit(logging(&log, tag)).unwrap();
     }
     s.synchronize().unwrap(); // nothing was queued, so nothing to wait for
-    assert!(log.lock().unwrap().is_empty(), "captured work ran at capture");
+    assert!(
+        log.lock().unwrap().is_empty(),
+        "captured work ran at capture"
+    );
     let executable = Arc::new(graph::end_capture(s).unwrap());
     assert!(!graph::is_capturing(s));
     assert_eq!(executable.node_count(), 3);
@@ -70,8 +75,15 @@ fn host_waits_on_a_capturing_stream_fail_and_invalidate_the_capture() {
         Err(e) => e,
         Ok(_) => panic!("an invalidated capture ended successfully"),
     };
-    assert!(err.message.contains("failed") && err.message.contains("Stream.synchronize()"), "{}", err.message);
-    assert!(!graph::is_capturing(s), "a failed capture leaves the stream capturing");
+    assert!(
+        err.message.contains("failed") && err.message.contains("Stream.synchronize()"),
+        "{}",
+        err.message
+    );
+    assert!(
+        !graph::is_capturing(s),
+        "a failed capture leaves the stream capturing"
+    );
 }
 
 #[test]
@@ -79,15 +91,23 @@ fn global_mode_forbids_every_host_sync_and_thread_local_only_its_threads() {
     let _serial = serial();
     let s = fresh_stream();
     graph::begin_capture(s, CaptureMode::ThreadLocal, (0, 0), false).unwrap();
-    let other_thread = std::thread::spawn(|| graph::check_host_sync("device synchronize", None).is_ok());
-    assert!(other_thread.join().unwrap(), "thread_local forbade another thread's sync");
+    let other_thread =
+        std::thread::spawn(|| graph::check_host_sync("device synchronize", None).is_ok());
+    assert!(
+        other_thread.join().unwrap(),
+        "thread_local forbade another thread's sync"
+    );
     assert!(graph::check_host_sync("device synchronize", None).is_err());
     assert!(graph::end_capture(s).is_err());
 
     let s = fresh_stream();
     graph::begin_capture(s, CaptureMode::Global, (0, 0), false).unwrap();
-    let other_thread = std::thread::spawn(|| graph::check_host_sync("device synchronize", None).is_ok());
-    assert!(!other_thread.join().unwrap(), "global allowed another thread's sync");
+    let other_thread =
+        std::thread::spawn(|| graph::check_host_sync("device synchronize", None).is_ok());
+    assert!(
+        !other_thread.join().unwrap(),
+        "global allowed another thread's sync"
+    );
     assert!(graph::end_capture(s).is_err());
 }
 
@@ -96,10 +116,15 @@ fn nested_capture_on_one_stream_is_refused() {
     let _serial = serial();
     let s = fresh_stream();
     graph::begin_capture(s, CaptureMode::Global, (0, 0), false).unwrap();
-    let err = graph::begin_capture(s, CaptureMode::Global, (0, 0), false).err().expect("nested capture accepted");
+    let err = graph::begin_capture(s, CaptureMode::Global, (0, 0), false)
+        .err()
+        .expect("nested capture accepted");
     assert!(err.message.contains("nested"), "{}", err.message);
     graph::end_capture(s).unwrap();
-    assert!(graph::end_capture(s).is_err(), "ending a capture twice succeeded");
+    assert!(
+        graph::end_capture(s).is_err(),
+        "ending a capture twice succeeded"
+    );
 }
 
 #[test]
@@ -145,12 +170,18 @@ fn allocations_during_capture_come_from_the_graphs_pool() {
     assert_ne!(captured, eager, "a capture reused eager memory");
     ctx.allocator.free(captured).unwrap();
     let again = ctx.allocator.malloc(4096, s).ok().unwrap();
-    assert_eq!(again, captured, "the pool did not reuse its own freed block");
+    assert_eq!(
+        again, captured,
+        "the pool did not reuse its own freed block"
+    );
     let executable = graph::end_capture(s).unwrap();
     // While the graph lives, its freed blocks are not handed to eager work.
     ctx.allocator.free(again).unwrap();
     let eager_again = ctx.allocator.malloc(4096, s).ok().unwrap();
-    assert_ne!(eager_again, captured, "eager work got a block of a live graph pool");
+    assert_ne!(
+        eager_again, captured,
+        "eager work got a block of a live graph pool"
+    );
     ctx.allocator.free(eager_again).unwrap();
     let reserved = ctx.allocator.stats().reserved_bytes.all().current;
     drop(executable); // releases the pool: its cached segment goes
@@ -166,9 +197,17 @@ fn random_slices_in_a_capture_are_relative_to_each_replay() {
     torch_openreg::stream::exchange_current_stream(0, s.id()).unwrap();
     device::set_device(0).unwrap();
     graph::begin_capture(s, CaptureMode::Global, (0, 0), false).unwrap();
-    let (first, cell) = graph::reserve_random_in_capture(&generator, 10).unwrap().unwrap();
-    let (second, _) = graph::reserve_random_in_capture(&generator, 4).unwrap().unwrap();
-    assert_eq!((first, second), (0, 12), "draws are reserved in whole Philox blocks");
+    let (first, cell) = graph::reserve_random_in_capture(&generator, 10)
+        .unwrap()
+        .unwrap();
+    let (second, _) = graph::reserve_random_in_capture(&generator, 4)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (first, second),
+        (0, 12),
+        "draws are reserved in whole Philox blocks"
+    );
     assert_eq!(generator.offset(), 0, "capture advanced the generator");
     let executable = Arc::new(graph::end_capture(s).unwrap());
     torch_openreg::stream::exchange_current_stream(0, 0).unwrap();
@@ -183,7 +222,11 @@ fn random_slices_in_a_capture_are_relative_to_each_replay() {
         .unwrap();
     }
     s.synchronize().unwrap();
-    assert_eq!(*seen.lock().unwrap(), vec![0, 16], "each replay takes the next 16 draws");
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![0, 16],
+        "each replay takes the next 16 draws"
+    );
     assert_eq!(generator.offset(), 32);
 }
 

@@ -7,7 +7,9 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::Duration;
 
-use torch_openreg::capi::{orKernelReleaseBegin, orKernelReleaseEnd, orPrepareHostExit, OR_SUCCESS};
+use torch_openreg::capi::{
+    orKernelReleaseBegin, orKernelReleaseEnd, orPrepareHostExit, OR_SUCCESS,
+};
 use torch_openreg::device;
 use torch_openreg::lifecycle;
 use torch_openreg::stream::Task;
@@ -25,8 +27,13 @@ fn flag_after(ms: u64, flag: &Arc<AtomicBool>) -> Task {
 fn prepare_host_exit_drains_streams_then_closes_the_release_gate() {
     let default0 = device::context(0).unwrap().streams.get(0).unwrap();
     let pool1 = device::context(1).unwrap().streams.from_pool(-1);
-    let (ran0, ran1) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-    default0.submit(Task::Run(Box::new(|| panic!("a deliberate failure")))).unwrap();
+    let (ran0, ran1) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    default0
+        .submit(Task::Run(Box::new(|| panic!("a deliberate failure"))))
+        .unwrap();
     default0.submit(flag_after(150, &ran0)).unwrap();
     pool1.submit(flag_after(150, &ran1)).unwrap();
 
@@ -36,7 +43,11 @@ fn prepare_host_exit_drains_streams_then_closes_the_release_gate() {
     let releaser = {
         let released = released.clone();
         thread::spawn(move || {
-            assert_eq!(orKernelReleaseBegin(), 1, "the gate is open before the host exits");
+            assert_eq!(
+                orKernelReleaseBegin(),
+                1,
+                "the gate is open before the host exits"
+            );
             started_tx.send(()).unwrap();
             thread::sleep(Duration::from_millis(300));
             released.store(true, Ordering::SeqCst);
@@ -47,16 +58,30 @@ fn prepare_host_exit_drains_streams_then_closes_the_release_gate() {
     assert!(!lifecycle::is_host_exiting());
 
     assert_eq!(orPrepareHostExit(), OR_SUCCESS);
-    assert!(ran0.load(Ordering::SeqCst) && ran1.load(Ordering::SeqCst), "queued work did not finish first");
+    assert!(
+        ran0.load(Ordering::SeqCst) && ran1.load(Ordering::SeqCst),
+        "queued work did not finish first"
+    );
     assert!(default0.query() && pool1.query());
-    assert!(released.load(Ordering::SeqCst), "a release in flight was not waited for");
+    assert!(
+        released.load(Ordering::SeqCst),
+        "a release in flight was not waited for"
+    );
     assert!(lifecycle::is_host_exiting());
-    assert_eq!(orKernelReleaseBegin(), 0, "a release was allowed after the host began exiting");
+    assert_eq!(
+        orKernelReleaseBegin(),
+        0,
+        "a release was allowed after the host began exiting"
+    );
     releaser.join().unwrap();
 
     // The drain left the parked failure to the stream's next synchronize.
     let err = default0.synchronize().unwrap_err();
-    assert!(err.message.contains("a deliberate failure"), "{}", err.message);
+    assert!(
+        err.message.contains("a deliberate failure"),
+        "{}",
+        err.message
+    );
 
     // Streams still run work afterwards; preparing again is harmless.
     let ran_later = Arc::new(AtomicBool::new(false));

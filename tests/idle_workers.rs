@@ -11,7 +11,9 @@ use torch_openreg::stream::{self, Task};
 fn idle_workers_exit_and_restart_on_demand() {
     std::env::set_var("OPENREG_WORKER_IDLE_MS", "50");
     let streams = &device::context(0).unwrap().streams;
-    let touched: Vec<_> = (0..40).map(|i| streams.from_pool(if i % 2 == 0 { 0 } else { -1 })).collect();
+    let touched: Vec<_> = (0..40)
+        .map(|i| streams.from_pool(if i % 2 == 0 { 0 } else { -1 }))
+        .collect();
     for s in &touched {
         s.submit(Task::Run(Box::new(|| Ok(())))).unwrap();
     }

@@ -23,9 +23,14 @@ fn initialization_fails_naming_each_invalid_variable() {
                     fix or unset these variables";
     for _ in 0..2 {
         let error = device::init().unwrap_err();
-        assert_eq!((error.kind, error.message.as_str()), (ErrorKind::InvalidValue, expected));
+        assert_eq!(
+            (error.kind, error.message.as_str()),
+            (ErrorKind::InvalidValue, expected)
+        );
         // First use initializes, so it fails the same way and creates nothing.
-        let error = device::context(1).err().expect("a context despite invalid options");
+        let error = device::context(1)
+            .err()
+            .expect("a context despite invalid options");
         assert_eq!(error.message, expected);
     }
     assert!(!device::is_initialized());

@@ -31,8 +31,18 @@ fn finalize_releases_by_priority_after_draining() {
         .unwrap();
 
     // The runtime's own steps, in the order finalize will run them.
-    let own: Vec<&str> = lifecycle::pending_releases().iter().map(|(_, name)| *name).collect();
-    assert_eq!(own, ["sanitizer reports", "stream workers", "cached device memory"]);
+    let own: Vec<&str> = lifecycle::pending_releases()
+        .iter()
+        .map(|(_, name)| *name)
+        .collect();
+    assert_eq!(
+        own,
+        [
+            "sanitizer reports",
+            "stream workers",
+            "cached device memory"
+        ]
+    );
 
     let order = Arc::new(Mutex::new(Vec::new()));
     let step = |name: &'static str| {
@@ -40,15 +50,25 @@ fn finalize_releases_by_priority_after_draining() {
         let ran = ran.clone();
         move || {
             // Every step runs after the queued work: streams drain first.
-            assert!(ran.load(Ordering::SeqCst), "{name} ran before the streams drained");
+            assert!(
+                ran.load(Ordering::SeqCst),
+                "{name} ran before the streams drained"
+            );
             order.lock().push(name)
         }
     };
     lifecycle::register_release(PRIORITY_MEMORY + 10, "last", step("last"));
     lifecycle::register_release(PRIORITY_STREAMS + 1, "after streams", step("after streams"));
     lifecycle::register_release(PRIORITY_MEMORY, "beside memory", step("beside memory"));
-    lifecycle::register_release(PRIORITY_STREAMS + 1, "after streams, second", step("after streams, second"));
-    let planned: Vec<&str> = lifecycle::pending_releases().iter().map(|(_, name)| *name).collect();
+    lifecycle::register_release(
+        PRIORITY_STREAMS + 1,
+        "after streams, second",
+        step("after streams, second"),
+    );
+    let planned: Vec<&str> = lifecycle::pending_releases()
+        .iter()
+        .map(|(_, name)| *name)
+        .collect();
     assert_eq!(
         planned,
         [
@@ -63,7 +83,15 @@ fn finalize_releases_by_priority_after_draining() {
     );
 
     assert_eq!(orFinalize(), OR_SUCCESS);
-    assert_eq!(*order.lock(), ["after streams", "after streams, second", "beside memory", "last"]);
+    assert_eq!(
+        *order.lock(),
+        [
+            "after streams",
+            "after streams, second",
+            "beside memory",
+            "last"
+        ]
+    );
     assert!(lifecycle::pending_releases().is_empty());
     // Cached memory went back: nothing is reserved any more.
     assert_eq!(allocator.stats().reserved_bytes.all().current, 0);

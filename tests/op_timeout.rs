@@ -12,7 +12,9 @@ use torch_openreg::op_timeout;
 use torch_openreg::stream::{StreamQueue, Task, TaskName};
 
 fn sleep_task(ms: u64) -> Task {
-    Task::Run(Box::new(move || Ok(thread::sleep(Duration::from_millis(ms)))))
+    Task::Run(Box::new(move || {
+        Ok(thread::sleep(Duration::from_millis(ms)))
+    }))
 }
 
 fn stream(priority: i32) -> &'static StreamQueue {
@@ -24,7 +26,10 @@ fn stream(priority: i32) -> &'static StreamQueue {
 fn timeout_message(s: &StreamQueue) -> String {
     let t0 = Instant::now();
     let error = s.synchronize().unwrap_err();
-    assert!(t0.elapsed() < Duration::from_millis(1500), "the wait did not give up in time");
+    assert!(
+        t0.elapsed() < Duration::from_millis(1500),
+        "the wait did not give up in time"
+    );
     assert_eq!(error.kind, ErrorKind::NotReady);
     error.message
 }
@@ -35,13 +40,27 @@ fn the_timeout_names_the_running_task() {
 
     // A named kernel; the name is what the shim passes (a literal here).
     let named = stream(0);
-    named.submit_named(sleep_task(2000), TaskName::kernel(c"test.slow_kernel"), String::new).unwrap();
+    named
+        .submit_named(
+            sleep_task(2000),
+            TaskName::kernel(c"test.slow_kernel"),
+            String::new,
+        )
+        .unwrap();
     let message = timeout_message(named);
     assert!(
-        message.starts_with(&format!("openreg op timeout: kernel \"test.slow_kernel\" running on {named} has run for ")),
+        message.starts_with(&format!(
+            "openreg op timeout: kernel \"test.slow_kernel\" running on {named} has run for "
+        )),
         "{message}"
     );
-    assert_eq!(named.running_task().map(|n| n.text().into_owned()).as_deref(), Some("test.slow_kernel"));
+    assert_eq!(
+        named
+            .running_task()
+            .map(|n| n.text().into_owned())
+            .as_deref(),
+        Some("test.slow_kernel")
+    );
 
     // A task submitted without a name says so.
     let unnamed = stream(-1);
@@ -51,9 +70,15 @@ fn the_timeout_names_the_running_task() {
     // A stream waiting for another's work names the wait, not a kernel.
     let waiter = stream(0);
     assert!(!std::ptr::eq(waiter, named));
-    waiter.submit(Task::WaitFor { stream: named, seq: named.marker() }).unwrap();
+    waiter
+        .submit(Task::WaitFor {
+            stream: named,
+            seq: named.marker(),
+        })
+        .unwrap();
     thread::sleep(Duration::from_millis(20)); // the worker starts the wait
-    assert!(timeout_message(waiter).contains("a wait for work of another stream (an event wait) running on"));
+    assert!(timeout_message(waiter)
+        .contains("a wait for work of another stream (an event wait) running on"));
 
     // Work another thread runs inline is named by that thread.
     let inline = stream(-1); // a fresh, idle stream

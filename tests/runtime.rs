@@ -23,7 +23,9 @@ fn host(f: impl FnOnce() + Send + 'static) -> Task {
 }
 
 fn sleep_task(ms: u64) -> Task {
-    Task::Run(Box::new(move || Ok(thread::sleep(Duration::from_millis(ms)))))
+    Task::Run(Box::new(move || {
+        Ok(thread::sleep(Duration::from_millis(ms)))
+    }))
 }
 
 /// A pool stream for a test. Tests in this binary run in parallel and take
@@ -57,7 +59,11 @@ fn current_device_is_per_thread() {
 fn invalid_device_index_names_index_and_count() {
     let err = device::set_device(7).unwrap_err();
     assert_eq!(err.kind, ErrorKind::InvalidDevice);
-    assert!(err.message.contains("index 7") && err.message.contains("2 devices"), "{}", err.message);
+    assert!(
+        err.message.contains("index 7") && err.message.contains("2 devices"),
+        "{}",
+        err.message
+    );
     assert!(device::set_device(-1).is_err());
     assert!(device::context(2).is_err());
     // unchecked_set_device never fails: it keeps the current device.
@@ -83,7 +89,10 @@ fn query_is_false_until_the_running_task_finishes() {
     // The queue is empty now, but the task still runs.
     assert!(!s.query());
     s.synchronize().unwrap();
-    assert!(t.elapsed() >= Duration::from_millis(150), "synchronize returned before the task ended");
+    assert!(
+        t.elapsed() >= Duration::from_millis(150),
+        "synchronize returned before the task ended"
+    );
     assert!(s.query());
 }
 
@@ -113,7 +122,11 @@ fn different_streams_run_concurrently() {
     b.submit(sleep_task(200)).unwrap();
     a.synchronize().unwrap();
     b.synchronize().unwrap();
-    assert!(t.elapsed() < Duration::from_millis(380), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(380),
+        "took {:?}",
+        t.elapsed()
+    );
 }
 
 #[test]
@@ -163,10 +176,15 @@ fn block_waits_for_the_version_current_at_the_call() {
     assert!(e.query().unwrap());
     let seen = Arc::new(AtomicBool::new(false));
     let (seen2, a_done2) = (seen.clone(), a_done.clone());
-    b.submit(host(move || seen2.store(a_done2.load(Ordering::SeqCst), Ordering::SeqCst)))
-        .unwrap();
+    b.submit(host(move || {
+        seen2.store(a_done2.load(Ordering::SeqCst), Ordering::SeqCst)
+    }))
+    .unwrap();
     b.synchronize().unwrap();
-    assert!(seen.load(Ordering::SeqCst), "stream b ran before stream a reached the event");
+    assert!(
+        seen.load(Ordering::SeqCst),
+        "stream b ran before stream a reached the event"
+    );
 }
 
 #[test]
@@ -176,7 +194,10 @@ fn elapsed_time_measures_between_timing_events() {
     start.record(s).unwrap();
     s.submit(sleep_task(30)).unwrap();
     end.record(s).unwrap();
-    assert_eq!(Event::elapsed_ms(&start, &end).unwrap_err().kind, ErrorKind::NotReady);
+    assert_eq!(
+        Event::elapsed_ms(&start, &end).unwrap_err().kind,
+        ErrorKind::NotReady
+    );
     end.synchronize().unwrap();
     let ms = Event::elapsed_ms(&start, &end).unwrap();
     assert!((25.0..200.0).contains(&ms), "{ms} ms");
@@ -204,7 +225,11 @@ fn events_are_recorded_only_on_streams_of_their_device() {
     // As cudaEventRecord: the stream must belong to the event's device.
     let e = Event::new(0, false).unwrap();
     let err = e.record(fresh_stream(1)).unwrap_err();
-    assert!(err.message.contains("device 0") && err.message.contains("device 1"), "{}", err.message);
+    assert!(
+        err.message.contains("device 0") && err.message.contains("device 1"),
+        "{}",
+        err.message
+    );
     e.record(fresh_stream(0)).unwrap();
     assert!(Event::new(5, false).is_err());
 }
@@ -224,7 +249,10 @@ fn slow_then_flag(ms: u64) -> (Task, Arc<AtomicBool>) {
 fn observe(s: &'static StreamQueue, done: &Arc<AtomicBool>) -> Arc<AtomicBool> {
     let seen = Arc::new(AtomicBool::new(false));
     let (seen2, done2) = (seen.clone(), done.clone());
-    s.submit(host(move || seen2.store(done2.load(Ordering::SeqCst), Ordering::SeqCst))).unwrap();
+    s.submit(host(move || {
+        seen2.store(done2.load(Ordering::SeqCst), Ordering::SeqCst)
+    }))
+    .unwrap();
     seen
 }
 
@@ -242,7 +270,10 @@ fn a_stream_waits_on_an_event_of_another_device() {
         assert!(!dst.query(), "the wait is queued on device {to}'s stream");
         let seen = observe(dst, &done);
         dst.synchronize().unwrap();
-        assert!(seen.load(Ordering::SeqCst), "device {to} ran work before device {from} reached the event");
+        assert!(
+            seen.load(Ordering::SeqCst),
+            "device {to} ran work before device {from} reached the event"
+        );
         assert_eq!(e.device(), from as i8, "waiting does not move the event");
     }
 }
@@ -259,7 +290,10 @@ fn a_cross_device_wait_is_for_the_version_current_at_the_call() {
     assert!(e.query().unwrap());
     let seen = observe(b, &done);
     b.synchronize().unwrap();
-    assert!(seen.load(Ordering::SeqCst), "a later record released an earlier cross-device wait");
+    assert!(
+        seen.load(Ordering::SeqCst),
+        "a later record released an earlier cross-device wait"
+    );
 }
 
 #[test]
@@ -275,8 +309,17 @@ fn synchronize_device_waits_for_every_stream() {
 fn current_stream_is_per_thread_per_device() {
     assert_eq!(stream::exchange_current_stream(1, 5).unwrap(), 0);
     assert_eq!(stream::current_stream_id(1), 5);
-    assert_eq!(stream::current_stream_id(0), 0, "device 0 keeps its own current stream");
-    assert_eq!(thread::spawn(|| stream::current_stream_id(1)).join().unwrap(), 0);
+    assert_eq!(
+        stream::current_stream_id(0),
+        0,
+        "device 0 keeps its own current stream"
+    );
+    assert_eq!(
+        thread::spawn(|| stream::current_stream_id(1))
+            .join()
+            .unwrap(),
+        0
+    );
     assert!(stream::exchange_current_stream(1, 99).is_err());
     stream::exchange_current_stream(1, 0).unwrap();
 }

@@ -25,16 +25,32 @@ fn stream(device: i64, id: i64) -> &'static StreamQueue {
 }
 
 fn malloc(bytes: usize, on: &'static StreamQueue) -> usize {
-    device::context(on.device().into()).unwrap().allocator.malloc(bytes, on).map_err(|e| e.error).unwrap()
+    device::context(on.device().into())
+        .unwrap()
+        .allocator
+        .malloc(bytes, on)
+        .map_err(|e| e.error)
+        .unwrap()
 }
 
 fn access(on: &'static StreamQueue, ptr: usize, bytes: usize, written: bool) -> Result<(), String> {
-    let buffer = KernelBuffer { address: ptr, bytes, written, tensor: 0 };
-    sanitizer::check_launch(on, TaskName::kernel(c"test kernel"), &[buffer], &|_| String::new()).map_err(|e| e.message)
+    let buffer = KernelBuffer {
+        address: ptr,
+        bytes,
+        written,
+        tensor: 0,
+    };
+    sanitizer::check_launch(on, TaskName::kernel(c"test kernel"), &[buffer], &|_| {
+        String::new()
+    })
+    .map_err(|e| e.message)
 }
 
 fn kind_count(kind: &str) -> u64 {
-    let index = sanitizer::KIND_NAMES.iter().position(|k| k.to_str() == Ok(kind)).unwrap();
+    let index = sanitizer::KIND_NAMES
+        .iter()
+        .position(|k| k.to_str() == Ok(kind))
+        .unwrap();
     sanitizer::counts()[index]
 }
 
@@ -46,7 +62,10 @@ fn unordered_read_of_another_streams_write_is_a_race() {
     access(side, buf, 4096, true).unwrap();
     let err = access(main, buf, 1024, false).unwrap_err();
     assert!(err.starts_with("openreg sanitizer: race:"), "{err}");
-    assert!(err.contains("openreg stream 1 of device 0") && err.contains("has waited for none"), "{err}");
+    assert!(
+        err.contains("openreg stream 1 of device 0") && err.contains("has waited for none"),
+        "{err}"
+    );
     assert_eq!(kind_count("race"), 1);
     // Disjoint bytes of the same allocation do not conflict.
     access(side, buf + 2048, 1024, true).unwrap();
@@ -66,7 +85,10 @@ fn event_wait_orders_and_an_early_record_does_not() {
     event.block(main).unwrap();
     access(main, a, 4096, false).unwrap();
     let err = access(main, b, 4096, false).unwrap_err();
-    assert!(err.contains("waited only for") && err.contains("before the work it should cover"), "{err}");
+    assert!(
+        err.contains("waited only for") && err.contains("before the work it should cover"),
+        "{err}"
+    );
     for p in [a, b] {
         allocator::free_anywhere(p).unwrap();
     }
@@ -102,7 +124,10 @@ fn write_after_an_unordered_read() {
     let weights = malloc(4096, main);
     access(side, weights, 4096, false).unwrap();
     let err = access(main, weights, 4096, true).unwrap_err();
-    assert!(err.starts_with("openreg sanitizer: write_after_read:"), "{err}");
+    assert!(
+        err.starts_with("openreg sanitizer: write_after_read:"),
+        "{err}"
+    );
     allocator::free_anywhere(weights).unwrap();
 }
 
@@ -132,16 +157,26 @@ fn reuse_of_memory_freed_without_record_stream() {
     access(side, first, 8192, false).unwrap();
     allocator::free_anywhere(first).unwrap();
     let second = malloc(8192, main);
-    assert_eq!(first, second, "the caching allocator reuses the block on its stream");
+    assert_eq!(
+        first, second,
+        "the caching allocator reuses the block on its stream"
+    );
     let err = access(main, second, 8192, true).unwrap_err();
-    assert!(err.starts_with("openreg sanitizer: freed_in_use:") && err.contains("record_stream"), "{err}");
+    assert!(
+        err.starts_with("openreg sanitizer: freed_in_use:") && err.contains("record_stream"),
+        "{err}"
+    );
     allocator::free_anywhere(second).unwrap();
 
     // With record_stream, the allocator waits for the side stream: no report.
     device::synchronize_device(0).unwrap();
     let third = malloc(8192, main);
     access(side, third, 8192, false).unwrap();
-    device::context(0).unwrap().allocator.record_stream(third, side).unwrap();
+    device::context(0)
+        .unwrap()
+        .allocator
+        .record_stream(third, side)
+        .unwrap();
     allocator::free_anywhere(third).unwrap();
     let fourth = malloc(8192, main);
     access(main, fourth, 8192, true).unwrap();

@@ -40,7 +40,10 @@ fn the_c_abi_exports_and_opens_device_memory() {
     let base = memory::map(len).unwrap();
     let (mut fd, mut size, mut offset) = (-1, 0usize, 0usize);
     let ptr = (base + 100) as *mut c_void;
-    assert_eq!(orIpcGetMemHandle(&mut fd, &mut size, &mut offset, ptr), OR_SUCCESS);
+    assert_eq!(
+        orIpcGetMemHandle(&mut fd, &mut size, &mut offset, ptr),
+        OR_SUCCESS
+    );
     assert_eq!((size, offset), (len, 100));
 
     let mut opened: *mut c_void = std::ptr::null_mut();
@@ -51,14 +54,27 @@ fn the_c_abi_exports_and_opens_device_memory() {
         assert_eq!(*(opened as *const u8).add(100), 42);
     }
     assert_eq!(orIpcCloseMemHandle(opened), OR_SUCCESS);
-    assert_ne!(orIpcCloseMemHandle(opened), OR_SUCCESS, "closing twice is an error");
+    assert_ne!(
+        orIpcCloseMemHandle(opened),
+        OR_SUCCESS,
+        "closing twice is an error"
+    );
 
     let mut heap = 0u64;
     assert_ne!(
-        orIpcGetMemHandle(&mut fd, &mut size, &mut offset, (&mut heap as *mut u64).cast()),
+        orIpcGetMemHandle(
+            &mut fd,
+            &mut size,
+            &mut offset,
+            (&mut heap as *mut u64).cast()
+        ),
         OR_SUCCESS,
         "host memory is not device memory"
     );
-    assert_ne!(orIpcOpenMemHandle(&mut opened, -1, PAGE), OR_SUCCESS, "a bad descriptor is an error");
+    assert_ne!(
+        orIpcOpenMemHandle(&mut opened, -1, PAGE),
+        OR_SUCCESS,
+        "a bad descriptor is an error"
+    );
     memory::unmap(base, len);
 }

@@ -8,9 +8,19 @@ use torch_openreg::stream;
 fn pool_streams_round_robin_and_clamp_priority() {
     let streams = &device::context(1).unwrap().streams;
     let first = streams.from_pool(0);
-    assert_eq!(stream::pool_size(), 32, "OPENREG_STREAM_POOL_SIZE is unset: CUDA's 32");
-    let ids: Vec<i64> = (0..stream::pool_size()).map(|_| streams.from_pool(0).id()).collect();
-    assert_eq!(ids.last().copied(), Some(first.id()), "the pool wraps around after 32");
+    assert_eq!(
+        stream::pool_size(),
+        32,
+        "OPENREG_STREAM_POOL_SIZE is unset: CUDA's 32"
+    );
+    let ids: Vec<i64> = (0..stream::pool_size())
+        .map(|_| streams.from_pool(0).id())
+        .collect();
+    assert_eq!(
+        ids.last().copied(),
+        Some(first.id()),
+        "the pool wraps around after 32"
+    );
     let mut distinct = ids.clone();
     distinct.sort();
     distinct.dedup();
@@ -20,8 +30,16 @@ fn pool_streams_round_robin_and_clamp_priority() {
     let high = streams.from_pool(-1);
     assert!((33..=64).contains(&high.id()));
     assert_eq!(high.priority(), -1);
-    assert_eq!(streams.from_pool(-50).priority(), -1, "too high clamps to the highest");
-    assert_eq!(streams.from_pool(7).priority(), 0, "too low clamps to the lowest");
+    assert_eq!(
+        streams.from_pool(-50).priority(),
+        -1,
+        "too high clamps to the highest"
+    );
+    assert_eq!(
+        streams.from_pool(7).priority(),
+        0,
+        "too low clamps to the lowest"
+    );
     assert!(streams.get(65).is_err());
     assert!(streams.get(-3).is_err());
 }

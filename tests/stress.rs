@@ -45,15 +45,25 @@ fn eight_threads_switching_devices_and_waiting_events_agree() {
                     let (producer, consumer) = (fresh_stream(dev), fresh_stream(dev));
                     let value = Arc::new(AtomicUsize::new(0));
                     let v = value.clone();
-                    producer.submit(host(move || v.store(1, Ordering::SeqCst))).unwrap();
+                    producer
+                        .submit(host(move || v.store(1, Ordering::SeqCst)))
+                        .unwrap();
                     let e = Event::new(dev, false).unwrap();
                     e.record(producer).unwrap();
                     e.block(consumer).unwrap();
                     let (v, seen) = (value.clone(), Arc::new(AtomicUsize::new(0)));
                     let s = seen.clone();
-                    consumer.submit(host(move || s.store(v.load(Ordering::SeqCst), Ordering::SeqCst))).unwrap();
+                    consumer
+                        .submit(host(move || {
+                            s.store(v.load(Ordering::SeqCst), Ordering::SeqCst)
+                        }))
+                        .unwrap();
                     consumer.synchronize().unwrap();
-                    assert_eq!(seen.load(Ordering::SeqCst), 1, "the consumer ran before the producer's event");
+                    assert_eq!(
+                        seen.load(Ordering::SeqCst),
+                        1,
+                        "the consumer ran before the producer's event"
+                    );
                     i += 1;
                 }
                 rounds.fetch_add(i as usize, Ordering::Relaxed);

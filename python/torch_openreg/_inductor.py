@@ -39,8 +39,9 @@ import torch
 _DEVICE_TYPE = "openreg"
 
 
-def _kernel_threads() -> int:
-    return int(torch.openreg.options()["OPENREG_KERNEL_THREADS"]["value"])
+# The OpenMP team of a generated kernel: one, as every device kernel's
+# (Note [Kernel threads] in cpp/device_memory.h).
+_KERNEL_TEAM = 1
 
 
 def _kernel_launcher(src_code: str, device_index: int, kernel_name_placeholder: str) -> str:
@@ -90,9 +91,9 @@ def _make_backend():
         # code generator without the dtype of an index or a size
         # ("expected index.dtype is not None"). While openreg kernels are
         # generated, the answer is "cpp". Their OpenMP team size is that of
-        # every other device kernel, OPENREG_KERNEL_THREADS (Note [Kernel
-        # threads]), not the process's thread count.
-        return config.patch({"cuda_backend": "cpp", "cpp.threads": _kernel_threads()})
+        # every other device kernel, one (Note [Kernel threads]), not the
+        # process's thread count.
+        return config.patch({"cuda_backend": "cpp", "cpp.threads": _KERNEL_TEAM})
 
     class OpenRegScheduling(CppScheduling):
         """Inductor's C++ scheduling, with every kernel a stream launcher."""
@@ -191,7 +192,7 @@ def _codegen_version_pass():
     with open(__file__, "rb") as source:
         digest.update(source.read())
     digest.update(torch_openreg.include_dir().encode())
-    digest.update(str(_kernel_threads()).encode())
+    digest.update(str(_KERNEL_TEAM).encode())
 
     class CodegenVersion(CustomGraphModulePass):
         def __call__(self, gm: torch.fx.GraphModule) -> None:

@@ -231,9 +231,12 @@ class SweepReport:
     stdout: str
 
 
-def run_sweep(script: str, *args: str, timeout: float = 1800) -> SweepReport:
-    """Runs a parity sweep script with -v and parses its report."""
-    run = subprocess.run([sys.executable, script, "-v", *args], capture_output=True, text=True, timeout=timeout)
+def run_sweep(script: str, *args: str, timeout: float = 1800, env: dict[str, str] | None = None) -> SweepReport:
+    """Runs a parity sweep script with -v (in `env`, default this process's)
+    and parses its report."""
+    run = subprocess.run(
+        [sys.executable, script, "-v", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
     summary = re.search(r"^(\d+) passed, (\d+) failed, (\d+) unsupported on openreg$", run.stdout, re.MULTILINE)
     assert summary, run.stdout[-2000:] + run.stderr[-2000:]
     return SweepReport(

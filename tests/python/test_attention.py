@@ -113,11 +113,11 @@ def test_dropout_is_reproducible_from_the_seed():
 @pytest.fixture
 def cpu_threads_like_device_kernels():
     """CPU reductions split across threads round differently with the
-    thread count (layer norm's weight gradient here), and device kernels run
-    with OPENREG_KERNEL_THREADS threads (Note [Kernel threads]): the CPU
-    reference uses as many."""
+    thread count (layer norm's weight gradient here), and a device kernel
+    runs single-threaded, or split into single-threaded chunks (Note [Kernel
+    threads]): the CPU reference uses one thread."""
     saved = torch.get_num_threads()
-    torch.set_num_threads(int(torch.openreg.options()["OPENREG_KERNEL_THREADS"]["value"]))
+    torch.set_num_threads(1)
     yield
     torch.set_num_threads(saved)
 

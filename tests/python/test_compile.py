@@ -146,8 +146,8 @@ def test_inductor_generates_stream_launchers():
 
 
 def test_kernels_use_openreg_kernel_threads():
-    # Device kernels open OpenMP teams of OPENREG_KERNEL_THREADS (default 1)
-    # threads, not of the process's thread count (Note [Kernel threads]).
+    # Device kernels open no OpenMP team, whatever the process's thread
+    # count (Note [Kernel threads]).
     from torch._inductor.utils import run_and_get_code
 
     fn = lambda a: (a.sin() * 2).sum()  # noqa: E731

@@ -99,7 +99,7 @@ TWO_THREADS = script("kernel_threads_two", _SAME_ROUNDING, env=clean_env(OPENREG
 
 
 @pytest.mark.subprocess
-def test_a_larger_kernel_team_applies_to_every_kernel_alike():
+def test_inline_and_queued_round_alike_with_two_kernel_threads():
     data = TWO_THREADS.result().check_ok()
     assert data["threads"] == "2"
     assert data["same"], "inline and queued kernels rounded differently"

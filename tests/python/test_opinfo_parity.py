@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from _openreg_util import check_known_failures, run_sweep
+from _openreg_util import check_known_failures, clean_env, run_sweep
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "..", "opinfo_parity.py")
 
@@ -76,8 +76,8 @@ def known_dtype_failure(label: str):
     return CUDA_ONLY_FAILURES.get(pair) or CPU_ONLY_FAILURES.get(f"{dtype} {pair}")
 
 
-def sweep(*args):
-    report = run_sweep(SCRIPT, *args)
+def sweep(*args, env=None):
+    report = run_sweep(SCRIPT, *args, env=env)
     check_known_failures(report, known_failure, "ops")
     # Only sparse layouts may be refused, with openreg's own message.
     assert all("sparse layouts are not supported on openreg" in why for why in report.unsupported.values()), report.unsupported
@@ -98,6 +98,13 @@ def sweep(*args):
 )
 def test_ops_equal_cpu(args):
     sweep(*args)
+
+
+@pytest.mark.subprocess
+def test_split_kernels_equal_cpu():
+    """Queued, with chunks of 16 elements: op_db's samples split (Note
+    [Split kernels]) and must still equal CPU."""
+    sweep("--dtypes", "float32", "--busy", env=clean_env(OPENREG_SPLIT_ELEMENTS="16"))
 
 
 @pytest.mark.subprocess

@@ -33,10 +33,10 @@ def _sample() -> str:
 _SAMPLE = (
     "import torch, torch_openreg\n"
     + inspect.getsource(_sample)
-    + 'done({"digest": _sample(), "threads": torch.openreg.options()["OPENREG_RANDOM_THREADS"]["value"]})\n'
+    + 'done({"digest": _sample(), "threads": torch.openreg.options()["OPENREG_KERNEL_THREADS"]["value"]})\n'
 )
 SAMPLE_SCRIPTS = {
-    threads: script(f"random_sample_threads_{threads}", _SAMPLE, env=clean_env(OPENREG_RANDOM_THREADS=str(threads)))
+    threads: script(f"random_sample_threads_{threads}", _SAMPLE, env=clean_env(OPENREG_KERNEL_THREADS=str(threads)))
     for threads in ("1", "2", "3")
 }
 

@@ -1,0 +1,305 @@
+#include "torch_openreg/cpp/kernel_split.h"
+
+#include <exception>
+#include <vector>
+
+#include <ATen/ExpandUtils.h>
+
+#include "torch_openreg/cpp/device_memory.h"
+#include "torch_openreg/cpp/ivalue_tensors.h"
+#include "torch_openreg/src/ffi.rs.h"
+
+extern "C" void orRunKernelChunks(size_t chunks, void (*body)(void*, size_t), void* context);
+
+namespace openreg {
+namespace {
+
+struct Chunks {
+  const std::function<void(size_t)>& body;
+  std::vector<std::exception_ptr> failures; // one slot per chunk
+};
+
+// Called by the pool from any of its threads; never throws (the pool is Rust).
+void run_one_chunk(void* context, size_t chunk) noexcept {
+  auto* chunks = static_cast<Chunks*>(context);
+  try {
+    KernelScope scope;
+    chunks->body(chunk);
+  } catch (...) {
+    chunks->failures[chunk] = std::current_exception();
+  }
+}
+
+} // namespace
+
+int64_t split_elements() {
+  static const int64_t elements = static_cast<int64_t>(ffi::split_elements());
+  return elements;
+}
+
+void run_chunks(size_t chunks, const std::function<void(size_t)>& body) {
+  if (chunks == 1) {
+    body(0);
+    return;
+  }
+  Chunks context{body, std::vector<std::exception_ptr>(chunks)};
+  orRunKernelChunks(chunks, &run_one_chunk, &context);
+  for (const std::exception_ptr& failure : context.failures) {
+    if (failure) {
+      std::rethrow_exception(failure);
+    }
+  }
+}
+
+RowRanges::RowRanges(int64_t rows, int64_t work, int64_t min_rows) : rows_(rows) {
+  const int64_t by_work = work / split_elements();
+  count_ = std::max<int64_t>(1, std::min(rows / std::max<int64_t>(min_rows, 1), by_work));
+}
+
+at::Tensor RowRanges::narrow(const at::Tensor& t, int64_t dim, size_t i) const {
+  // Range i is rows [i * rows / count, (i + 1) * rows / count).
+  const int64_t begin = static_cast<int64_t>(i) * rows_ / count_;
+  const int64_t end = (static_cast<int64_t>(i) + 1) * rows_ / count_;
+  if (!t.is_cpu() || t.layout() != c10::kStrided || t.is_quantized() || t.is_nested() || t.is_mkldnn()) {
+    return t.narrow(dim, begin, end - begin);
+  }
+  // A chunk's view, made directly: Tensor::narrow is an op (a dispatch per
+  // tensor per chunk, which a small chunk notices).
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(t.storage()), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  c10::DimVector sizes(t.sizes().begin(), t.sizes().end());
+  sizes[dim] = end - begin;
+  impl->set_sizes_and_strides(sizes, t.strides(), t.storage_offset() + begin * t.stride(dim));
+  impl->_set_conj(t.is_conj());
+  impl->_set_neg(t.is_neg());
+  return at::Tensor(std::move(impl));
+}
+
+PointwiseSplit::PointwiseSplit(c10::IntArrayRef shape, int64_t work) : result_dims_(static_cast<int64_t>(shape.size())) {
+  if (work < 2 * split_elements()) {
+    return;
+  }
+  for (int64_t d = 0; d < result_dims_; ++d) {
+    if (shape[d] > 1) {
+      dim_ = d;
+      ranges_ = RowRanges(shape[d], work);
+      return;
+    }
+  }
+}
+
+at::Tensor PointwiseSplit::part(const at::Tensor& t, size_t i) const {
+  if (!split() || !t.defined()) {
+    return t;
+  }
+  const int64_t aligned = dim_ - (result_dims_ - t.dim());
+  if (aligned < 0 || t.size(aligned) != ranges_.rows()) {
+    return t; // broadcast along the split dimension
+  }
+  return ranges_.narrow(t, aligned, i);
+}
+
+namespace {
+
+// A matrix product's multiply-adds count as 1/32 element of pointwise work;
+// a softmax's or a norm's elements as 4 (measured against an add's).
+constexpr int64_t kMultiplyAddsPerElement = 32;
+constexpr int64_t kNormWorkPerElement = 4;
+// Each chunk of a matrix product packs the whole right matrix again: fewer
+// rows than this cost more than two threads gain (1024x1024: 32-row chunks
+// ran 2.4x slower than unsplit, 256-row ones 1.9x faster).
+constexpr int64_t kMatrixRowsPerChunk = 256;
+
+std::vector<at::Tensor> tensors_of(c10::ArrayRef<c10::IValue> values) {
+  std::vector<at::Tensor> tensors;
+  for (const c10::IValue& value : values) {
+    for_each_tensor(value, [&](const at::Tensor& t) { tensors.push_back(t); });
+  }
+  return tensors;
+}
+
+bool has_generator(const c10::FunctionSchema& schema) {
+  for (const c10::Argument& argument : schema.arguments()) {
+    c10::TypePtr type = argument.type();
+    if (type->kind() == c10::TypeKind::OptionalType) {
+      type = type->castRaw<c10::OptionalType>()->getElementType();
+    }
+    if (type->kind() == c10::TypeKind::GeneratorType) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Per tensor of `arguments` (for_each_tensor order): whether the op writes it.
+std::vector<bool> written_tensors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+  std::vector<bool> written;
+  const auto& schema_arguments = op.schema().arguments();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const c10::AliasInfo* alias = i < schema_arguments.size() ? schema_arguments[i].alias_info() : nullptr;
+    for_each_tensor(arguments[i], [&](const at::Tensor&) { written.push_back(alias != nullptr && alias->isWrite()); });
+  }
+  return written;
+}
+
+// `shape` broadcast with `sizes`, in place; false if they do not broadcast.
+bool broadcast_into(c10::DimVector& shape, c10::IntArrayRef sizes) {
+  if (sizes.size() > shape.size()) {
+    shape.insert(shape.begin(), sizes.size() - shape.size(), 1);
+  }
+  const size_t offset = shape.size() - sizes.size();
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    int64_t& s = shape[offset + d];
+    if (s == 1) {
+      s = sizes[d];
+    } else if (sizes[d] != 1 && sizes[d] != s) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A dimension argument `dim` of a tensor of `dims` dimensions, made
+// non-negative (as maybe_wrap_dim; 0-dim tensors have one dimension to name).
+int64_t wrapped(int64_t dim, int64_t dims) {
+  return dim < 0 ? dim + std::max<int64_t>(dims, 1) : dim;
+}
+
+} // namespace
+
+CallSplit::CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+  const std::string& name = op.operator_name().name;
+  const std::vector<at::Tensor> tensors = tensors_of(arguments);
+  if (tensors.empty()) {
+    return;
+  }
+  const at::Tensor& first = tensors[0];
+  // Every tensor narrowed along dimension 0 (batched and row-wise rules).
+  const auto all_rows = [&](int64_t work) {
+    ranges_ = RowRanges(first.size(0), work);
+    argument_dims_.assign(tensors.size(), 0);
+  };
+  if (op.hasTag(at::Tag::pointwise)) {
+    if (op.hasTag(at::Tag::nondeterministic_seeded) || has_generator(op.schema())) {
+      return;
+    }
+    // The result's shape: the inputs' broadcast. A written argument (out=,
+    // in-place) must have it already (an out= the op resizes is not split).
+    const std::vector<bool> written = written_tensors(op, arguments);
+    c10::DimVector shape;
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      if (!written[k] && !broadcast_into(shape, tensors[k].sizes())) {
+        return;
+      }
+    }
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      if (written[k] && tensors[k].sizes() != c10::IntArrayRef(shape)) {
+        return;
+      }
+    }
+    const int64_t work = c10::multiply_integers(shape);
+    const auto outer = std::find_if(shape.begin(), shape.end(), [](int64_t s) { return s > 1; });
+    if (outer == shape.end() || work < 2 * split_elements()) {
+      return;
+    }
+    result_dim_ = outer - shape.begin();
+    ranges_ = RowRanges(shape[result_dim_], work);
+    for (const at::Tensor& t : tensors) {
+      const int64_t aligned = result_dim_ - (static_cast<int64_t>(shape.size()) - t.dim());
+      argument_dims_.push_back(aligned >= 0 && t.size(aligned) == shape[result_dim_] ? aligned : -1);
+    }
+  } else if (name == "aten::mm" || name == "aten::addmm") {
+    // mm(self, mat2[, out]); addmm(self (the bias), mat1, mat2, ...[, out]).
+    const bool bias = name == "aten::addmm";
+    if (tensors.size() < (bias ? 3u : 2u)) {
+      return;
+    }
+    const at::Tensor& left = tensors[bias ? 1 : 0];
+    const at::Tensor& right = tensors[bias ? 2 : 1];
+    if (left.dim() != 2 || right.dim() != 2) {
+      return;
+    }
+    const int64_t rows = left.size(0);
+    ranges_ = RowRanges(rows, rows * left.size(1) * right.size(1) / kMultiplyAddsPerElement, kMatrixRowsPerChunk);
+    argument_dims_.assign(tensors.size(), 0); // out= has the result's rows
+    argument_dims_[bias ? 2 : 1] = -1;
+    if (bias && !(first.dim() == 2 && first.size(0) == rows)) {
+      argument_dims_[0] = -1; // a bias broadcast along the rows
+    }
+  } else if (name == "aten::bmm" || name == "aten::baddbmm") {
+    const bool bias = name == "aten::baddbmm";
+    if (tensors.size() < (bias ? 3u : 2u)) {
+      return;
+    }
+    const at::Tensor& left = tensors[bias ? 1 : 0];
+    const at::Tensor& right = tensors[bias ? 2 : 1];
+    if (left.dim() != 3 || right.dim() != 3) {
+      return;
+    }
+    const int64_t batch = left.size(0);
+    ranges_ = RowRanges(batch, batch * left.size(1) * left.size(2) * right.size(2) / kMultiplyAddsPerElement);
+    argument_dims_.assign(tensors.size(), 0);
+    if (bias && !(first.dim() == 3 && first.size(0) == batch)) {
+      argument_dims_[0] = -1;
+    }
+  } else if (name == "aten::_softmax" || name == "aten::_log_softmax" || name == "aten::_softmax_backward_data" ||
+             name == "aten::_log_softmax_backward_data") {
+    // (self or grad_output, [output,] dim, ...): split when dim is not 0.
+    const size_t dim_at = name.find("backward") == std::string::npos ? 1 : 2;
+    if (first.dim() >= 2 && arguments.size() > dim_at && arguments[dim_at].isInt() &&
+        wrapped(arguments[dim_at].toInt(), first.dim()) != 0) {
+      all_rows(first.numel() * kNormWorkPerElement);
+    }
+  } else if (name == "aten::sum" || name == "aten::mean" || name == "aten::amax" || name == "aten::amin") {
+    // (self, dim[], keepdim, ...): split when the dimensions reduced leave 0.
+    if (first.dim() < 2 || arguments.size() < 2 || !arguments[1].isIntList()) {
+      return;
+    }
+    const auto dims = arguments[1].toIntList();
+    const bool reduces_rows = dims.empty() || std::any_of(dims.begin(), dims.end(), [&](int64_t d) {
+      return wrapped(d, first.dim()) == 0;
+    });
+    if (!reduces_rows) {
+      all_rows(first.numel());
+    }
+  } else if (name == "aten::native_layer_norm") {
+    // (input, normalized_shape, weight?, bias?, eps): rows of the input.
+    if (arguments.size() >= 2 && arguments[1].isIntList() &&
+        first.dim() > static_cast<int64_t>(arguments[1].toIntList().size())) {
+      all_rows(first.numel() * kNormWorkPerElement);
+      std::fill(argument_dims_.begin() + 1, argument_dims_.end(), -1); // weight and bias
+    }
+  }
+}
+
+bool CallSplit::fits_results(const torch::jit::Stack& results) const {
+  bool fits = split();
+  for (const c10::IValue& value : results) {
+    for_each_tensor(value, [&](const at::Tensor& t) {
+      fits = fits && t.dim() > result_dim_ && t.size(result_dim_) == ranges_.rows();
+    });
+  }
+  return fits;
+}
+
+torch::jit::Stack CallSplit::arguments_part(const torch::jit::Stack& arguments, size_t i) const {
+  torch::jit::Stack part = arguments;
+  size_t k = 0;
+  for (c10::IValue& value : part) {
+    map_tensors(value, [&](const at::Tensor& t) {
+      const int64_t dim = argument_dims_.at(k++);
+      return dim < 0 ? t : ranges_.narrow(t, dim, i);
+    });
+  }
+  return part;
+}
+
+torch::jit::Stack CallSplit::results_part(const torch::jit::Stack& results, size_t i) const {
+  torch::jit::Stack part = results;
+  for (c10::IValue& value : part) {
+    map_tensors(value, [&](const at::Tensor& t) { return ranges_.narrow(t, result_dim_, i); });
+  }
+  return part;
+}
+
+} // namespace openreg

@@ -1,0 +1,124 @@
+// Note [Split kernels]: a large device kernel uses every core, and its
+// results never depend on how many.
+//
+// A kernel whose work is at least twice OPENREG_SPLIT_ELEMENTS runs as
+// chunks: each chunk is the same single-threaded CPU kernel on views of the
+// device memory that select a range of rows of its results (and the
+// arguments' rows that produce them). The ranges depend only on the shapes
+// and that option, so every run computes each element with the same
+// instructions, whatever the thread count and whether the kernel ran inline
+// or queued. The chunks run on the kernel pool (Note [Kernel pool] in
+// src/kernel_pool.rs), inside the one stream task that launched them.
+//
+// What is split, and along which dimension:
+//  - pointwise ops (torch.Tag.pointwise), copies and fills: the outermost
+//    dimension of the result larger than 1; an argument is narrowed where it
+//    spans that dimension and left whole where it broadcasts along it;
+//  - matrix products (mm, addmm, bmm, baddbmm): result rows (the batch of a
+//    batched product), the arguments that produce them narrowed alike;
+//  - softmax-like ops and reductions over inner dimensions: dimension 0
+//    when it is not reduced;
+//  - convolution: the batch (its backward: grad_input by batch, beside one
+//    chunk for the weight and bias gradients).
+// Ops drawing random numbers are never split (their draws are laid out for
+// the whole tensor).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <cstdint>
+#include <functional>
+
+namespace openreg {
+
+// OPENREG_SPLIT_ELEMENTS: one chunk's work, in elements.
+int64_t split_elements();
+
+// Runs `body(i)` for every chunk i < `chunks` on the kernel pool and returns
+// when all have finished; each chunk runs under KernelScope (Note [Kernel
+// threads] in device_memory.h). If chunks throw, the lowest chunk's
+// exception is rethrown, after all have finished.
+void run_chunks(size_t chunks, const std::function<void(size_t)>& body);
+
+// `rows` rows cut into nearly equal ranges, as many as `work` elements of
+// work allow (each at least split_elements()), each at least `min_rows`.
+class RowRanges {
+ public:
+  RowRanges() = default; // one range: nothing is split
+  RowRanges(int64_t rows, int64_t work, int64_t min_rows = 1);
+
+  size_t count() const {
+    return static_cast<size_t>(count_);
+  }
+  bool split() const {
+    return count_ > 1;
+  }
+  int64_t rows() const {
+    return rows_;
+  }
+  // Range i of `t`'s dimension `dim` (which has rows() rows).
+  at::Tensor narrow(const at::Tensor& t, int64_t dim, size_t i) const;
+
+ private:
+  int64_t rows_ = 0;
+  int64_t count_ = 1;
+};
+
+// How a kernel over results of `shape` is split: along `dim`, the
+// outermost dimension larger than 1 (pointwise kernels, copies, fills).
+class PointwiseSplit {
+ public:
+  PointwiseSplit() = default; // not split
+  PointwiseSplit(c10::IntArrayRef shape, int64_t work);
+  explicit PointwiseSplit(c10::IntArrayRef shape) : PointwiseSplit(shape, c10::multiply_integers(shape)) {}
+
+  size_t chunks() const {
+    return ranges_.count();
+  }
+  bool split() const {
+    return ranges_.split();
+  }
+  // Chunk i of `t`: narrowed along the dimension that lines up with the
+  // split one when `t` spans it (as broadcasting lines dimensions up, from
+  // the last), whole when it broadcasts along it.
+  at::Tensor part(const at::Tensor& t, size_t i) const;
+
+ private:
+  int64_t dim_ = 0;
+  int64_t result_dims_ = 0;
+  RowRanges ranges_;
+};
+
+// How one call of a fallback op splits (the rules of the Note, by op):
+// which dimension of each tensor of its arguments and of its results a
+// chunk narrows. Made from the arguments alone, so the fallback knows
+// before planning whether a call splits (a split call never takes the
+// inline route, whose kernel is another: Note [Fallback] in fallback.cpp).
+class CallSplit {
+ public:
+  CallSplit() = default; // not split
+  CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments);
+
+  size_t chunks() const {
+    return ranges_.count();
+  }
+  bool split() const {
+    return ranges_.split();
+  }
+  // Whether the planned (or computed) results are what the rule splits:
+  // every result tensor has the split rows along the results' dimension.
+  bool fits_results(const torch::jit::Stack& results) const;
+  // Chunk i of the arguments (CPU views), tensors narrowed by the rule.
+  torch::jit::Stack arguments_part(const torch::jit::Stack& arguments, size_t i) const;
+  // Chunk i of the results (which fit_results).
+  torch::jit::Stack results_part(const torch::jit::Stack& results, size_t i) const;
+
+ private:
+  RowRanges ranges_;
+  std::vector<int64_t> argument_dims_; // per argument tensor (for_each_tensor order); -1: whole
+  int64_t result_dim_ = 0;
+};
+
+} // namespace openreg

@@ -1,0 +1,321 @@
+//! Note [Kernel pool]: the threads that run the chunks of one large kernel.
+//!
+//! A device kernel that is worth splitting (a pointwise op, a copy, a fill,
+//! a matmul, a convolution over a batch: `cpp/kernel_split.h`) is cut into
+//! chunks whose boundaries depend only on its shapes. The thread running the
+//! kernel (a stream worker, or the host for an inline kernel) hands the
+//! chunks to this pool and takes chunks itself until none are left, then
+//! waits for the chunks others took. So:
+//!  - results never depend on the number of threads or on timing: each chunk
+//!    is a fixed piece of work, whoever runs it;
+//!  - the kernel is still one task of its stream (order, events, capture,
+//!    the sanitizer and the op timeout see one kernel): the pool only lends
+//!    hands while the task runs;
+//!  - a thread that cannot be started, a pool busy with another stream's
+//!    kernel, or a chunk that itself splits work only means fewer hands: the
+//!    caller then runs its chunks alone, with the same boundaries.
+//!
+//! The pool has `OPENREG_KERNEL_THREADS` threads in all, the caller counted
+//! (default: the available cores). Helpers start at the first split kernel
+//! and sleep on a condition variable between kernels. They are plain threads:
+//! each chunk runs a single-threaded CPU kernel (Note [Kernel threads] in
+//! cpp/device_memory.h), so no OpenMP team is ever opened off the user's
+//! threads.
+
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+/// Runs chunk `chunk` of a kernel; `context` is the caller's. Must not
+/// unwind (a C++ body catches its exceptions: cpp/kernel_split.cpp).
+pub type ChunkBody = unsafe extern "C" fn(context: *mut c_void, chunk: usize);
+
+/// One split kernel, shared by the caller and the helpers.
+struct Job {
+    body: ChunkBody,
+    /// The caller's context pointer; valid until the caller returns, which
+    /// it does only after every claimed chunk has finished.
+    context: usize,
+    chunks: usize,
+    /// The next chunk to claim.
+    next: AtomicUsize,
+    /// Chunks finished.
+    finished: AtomicUsize,
+}
+
+impl Job {
+    /// Claims and runs chunks until none are left.
+    fn work(&self) {
+        loop {
+            let chunk = self.next.fetch_add(1, Ordering::Relaxed);
+            if chunk >= self.chunks {
+                return;
+            }
+            IN_CHUNK.with(|c| c.set(true));
+            // SAFETY: `context` outlives every claimed chunk (see `context`).
+            unsafe { (self.body)(self.context as *mut c_void, chunk) };
+            IN_CHUNK.with(|c| c.set(false));
+            if self.finished.fetch_add(1, Ordering::AcqRel) + 1 == self.chunks {
+                let pool = pool();
+                let _lock = pool.finished_lock.lock().unwrap_or_else(|e| e.into_inner());
+                pool.finished.notify_all();
+            }
+        }
+    }
+}
+
+/// What the helpers watch: a job, published with a new generation.
+struct Published {
+    generation: u64,
+    job: Option<Arc<Job>>,
+}
+
+struct Pool {
+    /// Threads in all, the caller counted.
+    threads: usize,
+    published: Mutex<Published>,
+    wake: Condvar,
+    finished_lock: Mutex<()>,
+    finished: Condvar,
+    /// Held by the caller of the kernel the helpers serve.
+    in_use: Mutex<()>,
+    /// Helpers started so far (started at the first split kernel).
+    started: OnceLock<usize>,
+}
+
+thread_local! {
+    /// Whether this thread is running a chunk (a nested split runs alone).
+    static IN_CHUNK: Cell<bool> = const { Cell::new(false) };
+}
+
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let configured = crate::options::get().kernel_threads;
+        let threads = if configured > 0 {
+            configured
+        } else {
+            available_cores()
+        };
+        Pool {
+            threads,
+            published: Mutex::new(Published {
+                generation: 0,
+                job: None,
+            }),
+            wake: Condvar::new(),
+            finished_lock: Mutex::new(()),
+            finished: Condvar::new(),
+            in_use: Mutex::new(()),
+            started: OnceLock::new(),
+        }
+    })
+}
+
+/// The cores this process may run on.
+pub fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Threads a split kernel runs on, the caller counted.
+pub fn threads() -> usize {
+    pool().threads
+}
+
+fn start_helpers(pool: &'static Pool) -> usize {
+    *pool.started.get_or_init(|| {
+        let mut started = 0;
+        for i in 1..pool.threads {
+            let spawned = std::thread::Builder::new()
+                .name(format!("openreg-kernel-{i}"))
+                .spawn(move || helper(pool));
+            match spawned {
+                Ok(_) => started += 1,
+                Err(e) => {
+                    crate::error::warn_once(&format!("split kernels run on fewer threads: {e}"));
+                    break;
+                }
+            }
+        }
+        started
+    })
+}
+
+fn helper(pool: &'static Pool) {
+    let mut seen = 0;
+    loop {
+        let job = {
+            let mut published = pool.published.lock().unwrap_or_else(|e| e.into_inner());
+            while published.generation == seen {
+                published = pool.wake.wait(published).unwrap_or_else(|e| e.into_inner());
+            }
+            seen = published.generation;
+            published.job.clone()
+        };
+        if let Some(job) = job {
+            job.work();
+        }
+    }
+}
+
+/// Runs `body(context, i)` for every chunk `i < chunks`, on the pool's
+/// threads and the caller's, and returns when all have finished.
+///
+/// # Safety
+/// `body` must be safe to call with `context` from any thread, concurrently
+/// for distinct chunks, until this returns.
+pub unsafe fn run_chunks(chunks: usize, body: ChunkBody, context: *mut c_void) {
+    let job = Arc::new(Job {
+        body,
+        context: context as usize,
+        chunks,
+        next: AtomicUsize::new(0),
+        finished: AtomicUsize::new(0),
+    });
+    let pool = pool();
+    let alone = chunks < 2 || pool.threads < 2 || IN_CHUNK.with(|c| c.get());
+    let in_use = if alone {
+        None
+    } else {
+        pool.in_use.try_lock().ok()
+    };
+    if in_use.is_none() || start_helpers(pool) == 0 {
+        job.work();
+        return;
+    }
+    {
+        let mut published = pool.published.lock().unwrap_or_else(|e| e.into_inner());
+        published.generation += 1;
+        published.job = Some(job.clone());
+    }
+    pool.wake.notify_all();
+    job.work();
+    // Wait for the chunks the helpers took: briefly spinning (a chunk is
+    // short), then asleep.
+    for _ in 0..2000 {
+        if job.finished.load(Ordering::Acquire) == chunks {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    let mut lock = pool.finished_lock.lock().unwrap_or_else(|e| e.into_inner());
+    while job.finished.load(Ordering::Acquire) != chunks {
+        lock = pool.finished.wait(lock).unwrap_or_else(|e| e.into_inner());
+    }
+    drop(lock);
+    pool.published.lock().unwrap_or_else(|e| e.into_inner()).job = None;
+    drop(in_use);
+}
+
+/// Runs `f(i)` for every chunk `i < chunks` on the pool (see `run_chunks`).
+/// A panicking chunk panics the caller, after every chunk has finished.
+pub fn for_each_chunk<F: Fn(usize) + Sync>(chunks: usize, f: &F) {
+    struct Context<'a, F> {
+        f: &'a F,
+        panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
+    }
+    unsafe extern "C" fn call<F: Fn(usize) + Sync>(context: *mut c_void, chunk: usize) {
+        // SAFETY: `context` is the `Context` below, alive until run_chunks returns.
+        let context = unsafe { &*(context as *const Context<F>) };
+        if let Err(panic) =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (context.f)(chunk)))
+        {
+            context
+                .panic
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert(panic);
+        }
+    }
+    let context = Context {
+        f,
+        panic: Mutex::new(None),
+    };
+    // SAFETY: `F: Sync`, and `context` outlives the call.
+    unsafe {
+        run_chunks(
+            chunks,
+            call::<F>,
+            &context as *const Context<F> as *mut c_void,
+        )
+    };
+    if let Some(panic) = context
+        .panic
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+    {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// C entry point for the shim (`cpp/kernel_split.cpp`).
+///
+/// # Safety
+/// As `run_chunks`.
+#[no_mangle]
+pub unsafe extern "C" fn orRunKernelChunks(chunks: usize, body: ChunkBody, context: *mut c_void) {
+    unsafe { run_chunks(chunks, body, context) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    unsafe extern "C" fn record(context: *mut c_void, chunk: usize) {
+        let seen = unsafe { &*(context as *const Mutex<Vec<(usize, std::thread::ThreadId)>>) };
+        std::thread::sleep(std::time::Duration::from_micros(200));
+        seen.lock()
+            .unwrap()
+            .push((chunk, std::thread::current().id()));
+    }
+
+    fn run(chunks: usize) -> Vec<(usize, std::thread::ThreadId)> {
+        let seen = Mutex::new(Vec::new());
+        unsafe { run_chunks(chunks, record, &seen as *const _ as *mut c_void) };
+        seen.into_inner().unwrap()
+    }
+
+    #[test]
+    fn every_chunk_runs_once() {
+        for chunks in [0, 1, 2, 7, 64] {
+            let mut got: Vec<usize> = run(chunks).into_iter().map(|(c, _)| c).collect();
+            got.sort_unstable();
+            assert_eq!(got, (0..chunks).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn helpers_take_chunks_when_cores_allow() {
+        if threads() < 2 {
+            return;
+        }
+        let threads: HashSet<_> = run(64).into_iter().map(|(_, t)| t).collect();
+        assert!(threads.len() > 1, "every chunk ran on the caller");
+    }
+
+    #[test]
+    fn concurrent_callers_all_finish() {
+        let handles: Vec<_> = (0..4)
+            .map(|_| std::thread::spawn(|| run(16).len()))
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), 16);
+        }
+    }
+
+    unsafe extern "C" fn nested(context: *mut c_void, _chunk: usize) {
+        unsafe extern "C" fn inner(context: *mut c_void, _chunk: usize) {
+            unsafe { &*(context as *const AtomicUsize) }.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { run_chunks(3, inner, context) };
+    }
+
+    #[test]
+    fn a_chunk_that_splits_runs_its_chunks_alone() {
+        let count = AtomicUsize::new(0);
+        unsafe { run_chunks(8, nested, &count as *const _ as *mut c_void) };
+        assert_eq!(count.load(Ordering::Relaxed), 24);
+    }
+}
