@@ -61,6 +61,10 @@
 // result comes back over the argument's memory or with its bytes copied to
 // the device. A copy between quantized tensors copies their bytes with the
 // dense copy (_copy_from, which the CPU lacks). Also routes 1 and 3.
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
 #include <ATen/ATen.h>
 #include <ATen/NestedTensorImpl.h>
 #include <ATen/quantized/QTensorImpl.h>
@@ -455,6 +459,94 @@ bool results_view_arguments(c10::ArrayRef<c10::IValue> arguments, const torch::j
   return views;
 }
 
+// Note [Out variants]: a queued functional op whose results are all new
+// memory computes straight into them through its out= overload (relu ->
+// relu.out), when it has one taking the same arguments and one out= tensor
+// per result, instead of computing fresh CPU tensors and copying them
+// (a result's copy is as much memory traffic as the op itself). Only ops
+// whose out= kernels are TensorIterator or structured kernels that write
+// the planned geometry as it is: pointwise ops, matrix products, softmax
+// and the inner reductions (a loss function's out= kernel resizes its out=
+// tensor, and warns doing so); and only with a checked plan.
+bool out_variant_writes_in_place(const c10::OperatorHandle& op) {
+  static const std::unordered_set<std::string> kOps{
+      "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_softmax", "aten::_log_softmax",
+      "aten::_softmax_backward_data", "aten::_log_softmax_backward_data", "aten::sum", "aten::mean",
+      "aten::amax", "aten::amin"};
+  return op.hasTag(at::Tag::pointwise) || kOps.count(op.operator_name().name) > 0;
+}
+
+// Whether `out` takes `functional`'s arguments, then one out= tensor per
+// result.
+bool out_variant_of(const c10::FunctionSchema& functional, const c10::FunctionSchema& out) {
+  const auto& arguments = functional.arguments();
+  const auto& out_arguments = out.arguments();
+  if (out_arguments.size() != arguments.size() + functional.returns().size()) {
+    return false;
+  }
+  for (size_t i = 0; i < out_arguments.size(); ++i) {
+    const c10::Argument& a = out_arguments[i];
+    const bool matches = i >= arguments.size()
+        ? a.is_out() && a.type()->kind() == c10::TypeKind::TensorType
+        : !a.is_out() && a.name() == arguments[i].name() && *a.type() == *arguments[i].type();
+    if (!matches) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::optional<c10::OperatorHandle> out_variant(const c10::OperatorHandle& op) {
+  static std::mutex mutex;
+  static auto* found = new std::unordered_map<const c10::FunctionSchema*, std::optional<c10::OperatorHandle>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, inserted] = found->try_emplace(&op.schema());
+  if (!inserted) {
+    return it->second;
+  }
+  const c10::FunctionSchema& schema = op.schema();
+  if (!out_variant_writes_in_place(op) || schema.is_mutable() || schema.returns().empty()) {
+    return std::nullopt;
+  }
+  for (const c10::Argument& ret : schema.returns()) {
+    if (ret.type()->kind() != c10::TypeKind::TensorType) {
+      return std::nullopt;
+    }
+  }
+  // The codegen's names are irregular (add.Tensor -> add.out, add.Scalar ->
+  // add.Scalar_out, sum.dim_IntList -> sum.IntList_out): candidates are
+  // checked by their arguments.
+  const std::string& overload = schema.overload_name();
+  for (const std::string& name : {overload.empty() ? std::string("out") : overload + "_out", std::string("out"),
+                                  std::string("IntList_out")}) {
+    auto out = c10::Dispatcher::singleton().findOp({schema.name(), name});
+    if (out && out->hasKernelForDispatchKey(c10::DispatchKey::CPU) && out_variant_of(schema, out->schema())) {
+      it->second = *out;
+      return it->second;
+    }
+  }
+  return std::nullopt;
+}
+
+// Whether every result is new memory: no argument, nor a view of one.
+bool results_all_new(c10::ArrayRef<c10::IValue> arguments, const torch::jit::Stack& results) {
+  bool any_argument = false;
+  std::vector<at::Tensor> argument_tensors;
+  for (const c10::IValue& value : arguments) {
+    for_each_tensor(value, [&](const at::Tensor& t) { argument_tensors.push_back(t); });
+  }
+  bool all_new = true;
+  for (const c10::IValue& value : results) {
+    all_new = all_new && value.isTensor() && value.toTensor().defined();
+    for_each_tensor(value, [&](const at::Tensor& r) {
+      for (const at::Tensor& a : argument_tensors) {
+        any_argument |= r.has_storage() && a.has_storage() && r.storage().is_alias_of(a.storage());
+      }
+    });
+  }
+  return all_new && !any_argument;
+}
+
 // Note [Plans checked by the kernel]: a plan not yet checked (route 2 of
 // Note [Fallback], when the stream is busy or the kernel is split) is
 // checked where the kernel runs: the CPU kernel's results must have the
@@ -469,12 +561,13 @@ bool results_view_arguments(c10::ArrayRef<c10::IValue> arguments, const torch::j
 class QueuedKernel {
  public:
   QueuedKernel(c10::OperatorHandle op, torch::jit::Stack arguments, torch::jit::Stack destinations, CallSplit split,
-               std::shared_ptr<PlanToCheck> check)
+               std::shared_ptr<PlanToCheck> check, std::optional<c10::OperatorHandle> out_op)
       : op_(std::move(op)),
         arguments_(std::move(arguments)),
         destinations_(std::move(destinations)),
         split_(std::move(split)),
-        check_(std::move(check)) {}
+        check_(std::move(check)),
+        out_op_(std::move(out_op)) {}
 
   void operator()() const {
     if (!check_) {
@@ -503,6 +596,19 @@ class QueuedKernel {
   // a plan to check, checks it first and settles it (`warnings`: what the
   // kernel raised so far). False if the plan did not match.
   bool compute(const CollectedWarnings* warnings) const {
+    if (out_op_) { // Note [Out variants]
+      run_chunks(split_.chunks(), [&](size_t i) {
+        torch::jit::Stack stack = split_.split() ? split_.arguments_part(arguments_, i) : arguments_;
+        const torch::jit::Stack outs = split_.split() ? split_.results_part(destinations_, i) : destinations_;
+        stack.insert(stack.end(), outs.begin(), outs.end());
+        out_op_->redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+        for (size_t r = 0; r < outs.size(); ++r) {
+          TORCH_CHECK(stack.at(r).toTensor().data_ptr() == outs[r].toTensor().data_ptr(), "openreg fallback: ",
+                      out_op_->operator_name(), " moved its out= tensor (Note [Out variants])");
+        }
+      });
+      return true;
+    }
     if (split_.split()) {
       // Each chunk's results are checked as they fill the planned ones.
       run_chunks(split_.chunks(), [&](size_t i) {
@@ -529,6 +635,7 @@ class QueuedKernel {
   torch::jit::Stack destinations_;
   CallSplit split_;
   std::shared_ptr<PlanToCheck> check_;
+  std::optional<c10::OperatorHandle> out_op_; // Note [Out variants]
 };
 
 // Route 2 (see the Note) with the planned results; `check`: the plan's
@@ -555,9 +662,12 @@ void queue_with_planned_results(
       for_each_tensor(value, [&](const at::Tensor& t) { info.add(t, true); });
       map_tensors(value, [](const at::Tensor& t) { return kernel_operand(t); });
     }
+    std::optional<c10::OperatorHandle> out_op =
+        check || !results_all_new(call.arguments(), results) ? std::nullopt : out_variant(call.op);
     queue_kernel(
         device.index(),
-        QueuedKernel(call.op, std::move(arguments), std::move(destinations), std::move(split), std::move(check)),
+        QueuedKernel(call.op, std::move(arguments), std::move(destinations), std::move(split), std::move(check),
+                     std::move(out_op)),
         ffi::LaunchMode::Queue, std::move(info));
   }
   call.stack.erase(call.stack.begin() + call.first_arg, call.stack.end());
@@ -616,7 +726,8 @@ void run_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool quan
   const char* name = op.schema().name().c_str();
   const auto accesses = [&call] { return call.accesses(); };
   // A split call always runs its split kernel (route 2), never another.
-  const CallSplit split = call.has_wrapped_tensors() ? CallSplit() : CallSplit(op, call.arguments());
+  const CallSplit split =
+      call.has_wrapped_tensors() ? CallSplit() : CallSplit(op, call.arguments(), call.largest_operand());
   if (!split.split() &&
       run_inline(device.index(), call.largest_operand(), [&] { call.run_cpu_kernel_on_views(); }, name, accesses)) {
     if (ffi::stream_has_parked_failure(device.index()) && results_depend_on_data(op)) {

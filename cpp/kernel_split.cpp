@@ -167,7 +167,12 @@ int64_t wrapped(int64_t dim, int64_t dims) {
 
 } // namespace
 
-CallSplit::CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+CallSplit::CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, int64_t largest_operand) {
+  // The common case, decided cheaply (every fallback call asks): a call
+  // none of whose operands has a chunk's elements is not split.
+  if (largest_operand < split_elements()) {
+    return;
+  }
   const std::string& name = op.operator_name().name;
   const std::vector<at::Tensor> tensors = tensors_of(arguments);
   if (tensors.empty()) {

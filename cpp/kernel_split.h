@@ -93,13 +93,15 @@ class PointwiseSplit {
 
 // How one call of a fallback op splits (the rules of the Note, by op):
 // which dimension of each tensor of its arguments and of its results a
-// chunk narrows. Made from the arguments alone, so the fallback knows
+// chunk narrows; a call none of whose operands has a chunk's elements is
+// not split. Made from the arguments alone, so the fallback knows
 // before planning whether a call splits (a split call never takes the
 // inline route, whose kernel is another: Note [Fallback] in fallback.cpp).
 class CallSplit {
  public:
   CallSplit() = default; // not split
-  CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments);
+  // `largest_operand`: the most elements of any tensor argument.
+  CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, int64_t largest_operand);
 
   size_t chunks() const {
     return ranges_.count();

@@ -171,21 +171,26 @@ impl Event {
     fn target(&self) -> Option<Target> {
         let st = self.state.lock();
         let recorded = st.recorded.as_ref()?;
-        match (&recorded.captured, recorded.active_capture()) {
-            (_, Some((capture, node))) => Some(Target::Captured(Arc::clone(capture), *node)),
-            (Some(_), None) => None,
-            (None, _) => Some(Target::Point(
+        if recorded.captured.is_none() {
+            return Some(Target::Point(
                 recorded.stream,
                 recorded.seq,
                 recorded.clock.clone(),
-            )),
+            ));
         }
+        recorded
+            .active_capture()
+            .map(|(capture, node)| Target::Captured(Arc::clone(capture), *node))
     }
 
     /// Fails for an event recorded in an active capture: its work runs
     /// only at replay, so no host wait for it can end.
     fn check_not_captured(&self, what: &str) -> Result<()> {
-        match self.target() {
+        Self::check_target_not_captured(&self.target(), what)
+    }
+
+    fn check_target_not_captured(target: &Option<Target>, what: &str) -> Result<()> {
+        match target {
             Some(Target::Captured(capture, _)) => Err(capture.invalidate(format!(
                 "{what} of an event recorded inside a graph capture is not allowed while the capture lasts                  (the captured work runs only at replay)"
             ))),
@@ -212,8 +217,9 @@ impl Event {
     /// host-synchronization checks (Note [Capture modes], Note [Sync debug]).
     pub fn synchronize(&self) -> Result<()> {
         let what = "Event.synchronize()";
-        self.check_not_captured(what)?;
-        match self.target() {
+        let target = self.target();
+        Self::check_target_not_captured(&target, what)?;
+        match target {
             Some(Target::Point(stream, seq, clock)) => {
                 crate::graph::check_host_sync(what, Some(stream))?;
                 crate::sync_debug::check(what)?;

@@ -243,6 +243,10 @@ pub struct StreamQueue {
     /// `state`'s lock, like `completed`; it is atomic so that `marker` (on
     /// every allocator free) reads it without locking.
     submitted: AtomicU64,
+    /// `QueueState::completed`, readable without locking (the fast paths of
+    /// `has_completed` and `wait_for`: an event's synchronize on a point
+    /// already reached). Stored under the lock, after the task has run.
+    completed_seq: AtomicU64,
     /// The allocator key of the pool a capturing stream allocates from, 0
     /// when not capturing (read on every allocation without locking; Note
     /// [Graph pools] in allocator.rs).
@@ -271,6 +275,7 @@ impl StreamQueue {
             work_available: Condvar::new(),
             progress: Condvar::new(),
             submitted: AtomicU64::new(0),
+            completed_seq: AtomicU64::new(0),
             capture_pool: AtomicUsize::new(0),
             failure_parked: AtomicBool::new(false),
         }
@@ -397,7 +402,7 @@ impl StreamQueue {
                     if is_kernel {
                         self.maybe_inject_kernel_fault(&mut st);
                     }
-                    st.completed += 1;
+                    self.count_completed(&mut st, 1);
                     if st.completed == self.marker() {
                         crate::utilization::stream_became_idle(self.device);
                     }
@@ -477,7 +482,7 @@ impl StreamQueue {
         let mut st = self.state.lock();
         self.maybe_inject_kernel_fault(&mut st);
         st.running = None;
-        st.completed += 1;
+        self.count_completed(&mut st, 1);
         if st.completed == self.marker() {
             crate::utilization::stream_became_idle(self.device);
         }
@@ -530,6 +535,9 @@ impl StreamQueue {
     /// a task running longer than the op timeout ends the wait with an error
     /// (Note [Op timeout]).
     pub fn wait_for(&self, seq: u64, take_error: bool) -> Result<()> {
+        if self.has_completed(seq) && !(take_error && self.has_parked_failure()) {
+            return Ok(());
+        }
         let mut st = self.state.lock();
         if st.completed < seq && RUNNING_STREAM.with(Cell::get) == self as *const Self as usize {
             return Err(self.waits_for_itself());
@@ -662,7 +670,13 @@ impl StreamQueue {
 
     /// Whether the first `seq` tasks have completed.
     pub fn has_completed(&self, seq: u64) -> bool {
-        self.state.lock().completed >= seq
+        self.completed_seq.load(Ordering::Acquire) >= seq
+    }
+
+    /// `count` more tasks have finished running (under the lock, `st`).
+    fn count_completed(&self, st: &mut QueueState, count: u64) {
+        st.completed += count;
+        self.completed_seq.store(st.completed, Ordering::Release);
     }
 
     /// Marks "this point" of the stream for an event: returns the sequence
@@ -675,14 +689,15 @@ impl StreamQueue {
         &'static self,
         timestamp: Option<(Arc<Event>, u64)>,
     ) -> Result<(u64, Option<Instant>)> {
+        let Some((event, version)) = timestamp else {
+            return Ok((self.marker(), None));
+        };
         let st = self.state.lock();
-        match timestamp {
-            Some((event, version)) if st.completed != self.marker() => {
-                drop(st);
-                Ok((self.submit(Task::Timestamp { event, version })?, None))
-            }
-            Some(_) => Ok((self.marker(), Some(Instant::now()))),
-            None => Ok((self.marker(), None)),
+        if st.completed != self.marker() {
+            drop(st);
+            Ok((self.submit(Task::Timestamp { event, version })?, None))
+        } else {
+            Ok((self.marker(), Some(Instant::now())))
         }
     }
 
@@ -715,7 +730,7 @@ impl StreamQueue {
         if count == 0 {
             return abandoned;
         }
-        st.completed += count as u64;
+        self.count_completed(&mut st, count as u64);
         self.park_failure(&mut st, || {
             Error::invalid_value(format!(
                 "{self}: {count} queued kernels were abandoned {why}"
