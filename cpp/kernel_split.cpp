@@ -267,6 +267,14 @@ CallSplit::CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> a
     if (!reduces_rows) {
       all_rows(first.numel());
     }
+  } else if (name == "aten::max_pool2d" || name == "aten::max_pool2d_with_indices" ||
+             name == "aten::max_pool2d_with_indices_backward" || name == "aten::avg_pool2d") {
+    // Pooling is independent per image and channel: the leading dimension of
+    // a batched (4-D) or unbatched (3-D) input, every tensor alike (the
+    // backward's grad_output, input and indices).
+    if (first.dim() >= 3) {
+      all_rows(std::max(first.numel(), tensors.back().numel()));
+    }
   } else if (name == "aten::native_layer_norm") {
     // (input, normalized_shape, weight?, bias?, eps): rows of the input.
     if (arguments.size() >= 2 && arguments[1].isIntList() &&

@@ -16,10 +16,11 @@
 //    spans that dimension and left whole where it broadcasts along it;
 //  - matrix products (mm, addmm, bmm, baddbmm): result rows (the batch of a
 //    batched product), the arguments that produce them narrowed alike;
-//  - softmax-like ops and reductions over inner dimensions: dimension 0
-//    when it is not reduced;
+//  - softmax-like ops, reductions over inner dimensions and layer norm:
+//    dimension 0 when it is not reduced;
 //  - convolution: the batch (its backward: grad_input by batch, beside one
-//    chunk for the weight and bias gradients).
+//    chunk for the weight and bias gradients); 2-D pooling: the batch (or
+//    the channels of an unbatched input).
 // Ops drawing random numbers are never split (their draws are laid out for
 // the whole tensor).
 #pragma once
