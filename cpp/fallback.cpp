@@ -440,23 +440,31 @@ void fill_planned_results(
   }
 }
 
-// Whether some result views an argument's memory without being the
-// argument itself (a split kernel fills only results it may narrow).
-bool results_view_arguments(c10::ArrayRef<c10::IValue> arguments, const torch::jit::Stack& results) {
-  std::vector<at::Tensor> argument_tensors;
-  for (const c10::IValue& value : arguments) {
-    for_each_tensor(value, [&](const at::Tensor& t) { argument_tensors.push_back(t); });
-  }
-  bool views = false;
+// How a call's results relate to its arguments' memory.
+struct ResultMemory {
+  // Some result views an argument's memory without being the argument
+  // itself (a split kernel fills only results it may narrow).
+  bool views_an_argument = false;
+  // Every result is a tensor of new memory: no argument, nor a view of one
+  // (Note [Out variants]).
+  bool all_new = true;
+};
+
+ResultMemory result_memory(c10::ArrayRef<c10::IValue> arguments, const torch::jit::Stack& results) {
+  const std::vector<at::Tensor> argument_tensors = tensors_of(arguments);
+  ResultMemory memory;
   for (const c10::IValue& value : results) {
+    memory.all_new = memory.all_new && value.isTensor() && value.toTensor().defined();
     for_each_tensor(value, [&](const at::Tensor& r) {
       for (const at::Tensor& a : argument_tensors) {
-        views |= r.unsafeGetTensorImpl() != a.unsafeGetTensorImpl() && r.has_storage() && a.has_storage() &&
-            r.storage().is_alias_of(a.storage());
+        if (r.has_storage() && a.has_storage() && r.storage().is_alias_of(a.storage())) {
+          memory.all_new = false;
+          memory.views_an_argument |= r.unsafeGetTensorImpl() != a.unsafeGetTensorImpl();
+        }
       }
     });
   }
-  return views;
+  return memory;
 }
 
 // Note [Out variants]: a queued functional op whose results are all new
@@ -526,25 +534,6 @@ std::optional<c10::OperatorHandle> out_variant(const c10::OperatorHandle& op) {
     }
   }
   return std::nullopt;
-}
-
-// Whether every result is new memory: no argument, nor a view of one.
-bool results_all_new(c10::ArrayRef<c10::IValue> arguments, const torch::jit::Stack& results) {
-  bool any_argument = false;
-  std::vector<at::Tensor> argument_tensors;
-  for (const c10::IValue& value : arguments) {
-    for_each_tensor(value, [&](const at::Tensor& t) { argument_tensors.push_back(t); });
-  }
-  bool all_new = true;
-  for (const c10::IValue& value : results) {
-    all_new = all_new && value.isTensor() && value.toTensor().defined();
-    for_each_tensor(value, [&](const at::Tensor& r) {
-      for (const at::Tensor& a : argument_tensors) {
-        any_argument |= r.has_storage() && a.has_storage() && r.storage().is_alias_of(a.storage());
-      }
-    });
-  }
-  return all_new && !any_argument;
 }
 
 // Note [Plans checked by the kernel]: a plan not yet checked (route 2 of
@@ -648,7 +637,8 @@ void queue_with_planned_results(
     std::shared_ptr<PlanToCheck> check) {
   torch::jit::Stack& results = planned.results;
   if (call.op.schema().is_mutable() || planned.any_fresh || check) {
-    if (split.split() && (!split.fits_results(results) || results_view_arguments(call.arguments(), results))) {
+    const ResultMemory memory = result_memory(call.arguments(), results);
+    if (split.split() && (!split.fits_results(results) || memory.views_an_argument)) {
       split = CallSplit();
     }
     torch::jit::Stack arguments(call.stack.begin() + call.first_arg, call.stack.end());
@@ -663,7 +653,7 @@ void queue_with_planned_results(
       map_tensors(value, [](const at::Tensor& t) { return kernel_operand(t); });
     }
     std::optional<c10::OperatorHandle> out_op =
-        check || !results_all_new(call.arguments(), results) ? std::nullopt : out_variant(call.op);
+        check || !memory.all_new ? std::nullopt : out_variant(call.op);
     queue_kernel(
         device.index(),
         QueuedKernel(call.op, std::move(arguments), std::move(destinations), std::move(split), std::move(check),

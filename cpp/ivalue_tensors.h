@@ -52,6 +52,15 @@ void for_each_tensor(const c10::IValue& value, Fn&& fn) {
   }
 }
 
+// The defined tensors in `values`, in for_each_tensor order.
+inline std::vector<at::Tensor> tensors_of(c10::ArrayRef<c10::IValue> values) {
+  std::vector<at::Tensor> tensors;
+  for (const c10::IValue& value : values) {
+    for_each_tensor(value, [&](const at::Tensor& t) { tensors.push_back(t); });
+  }
+  return tensors;
+}
+
 // An openreg device argument becomes `type` (a kernel's CPU or Meta run).
 inline void retarget_device(c10::IValue& value, c10::DeviceType type) {
   if (value.isDevice() && value.toDevice().is_privateuseone()) {

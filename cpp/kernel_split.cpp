@@ -88,15 +88,17 @@ PointwiseSplit::PointwiseSplit(c10::IntArrayRef shape, int64_t work) : result_di
   }
 }
 
+int64_t PointwiseSplit::dim_of(const at::Tensor& t) const {
+  const int64_t aligned = dim_ - (result_dims_ - t.dim());
+  return aligned >= 0 && t.size(aligned) == ranges_.rows() ? aligned : -1;
+}
+
 at::Tensor PointwiseSplit::part(const at::Tensor& t, size_t i) const {
   if (!split() || !t.defined()) {
     return t;
   }
-  const int64_t aligned = dim_ - (result_dims_ - t.dim());
-  if (aligned < 0 || t.size(aligned) != ranges_.rows()) {
-    return t; // broadcast along the split dimension
-  }
-  return ranges_.narrow(t, aligned, i);
+  const int64_t dim = dim_of(t);
+  return dim < 0 ? t : ranges_.narrow(t, dim, i); // whole: broadcast along the split dimension
 }
 
 namespace {
@@ -106,17 +108,10 @@ namespace {
 constexpr int64_t kMultiplyAddsPerElement = 32;
 constexpr int64_t kNormWorkPerElement = 4;
 // Each chunk of a matrix product packs the whole right matrix again: fewer
-// rows than this cost more than two threads gain (1024x1024: 32-row chunks
-// ran 2.4x slower than unsplit, 256-row ones 1.9x faster).
+// rows than this cost more than two threads gain (1024x1024 on 2 cores:
+// 16-row chunks ran 1.5-3x slower than 256-row ones, which match MKL's own
+// two threads).
 constexpr int64_t kMatrixRowsPerChunk = 256;
-
-std::vector<at::Tensor> tensors_of(c10::ArrayRef<c10::IValue> values) {
-  std::vector<at::Tensor> tensors;
-  for (const c10::IValue& value : values) {
-    for_each_tensor(value, [&](const at::Tensor& t) { tensors.push_back(t); });
-  }
-  return tensors;
-}
 
 bool has_generator(const c10::FunctionSchema& schema) {
   for (const c10::Argument& argument : schema.arguments()) {
@@ -202,50 +197,38 @@ CallSplit::CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> a
         return;
       }
     }
-    const int64_t work = c10::multiply_integers(shape);
-    const auto outer = std::find_if(shape.begin(), shape.end(), [](int64_t s) { return s > 1; });
-    if (outer == shape.end() || work < 2 * split_elements()) {
+    const PointwiseSplit pointwise(shape);
+    if (!pointwise.split()) {
       return;
     }
-    result_dim_ = outer - shape.begin();
-    ranges_ = RowRanges(shape[result_dim_], work);
+    result_dim_ = pointwise.dim();
+    ranges_ = pointwise.ranges();
     for (const at::Tensor& t : tensors) {
-      const int64_t aligned = result_dim_ - (static_cast<int64_t>(shape.size()) - t.dim());
-      argument_dims_.push_back(aligned >= 0 && t.size(aligned) == shape[result_dim_] ? aligned : -1);
+      argument_dims_.push_back(pointwise.dim_of(t));
     }
-  } else if (name == "aten::mm" || name == "aten::addmm") {
-    // mm(self, mat2[, out]); addmm(self (the bias), mat1, mat2, ...[, out]).
-    const bool bias = name == "aten::addmm";
+  } else if (name == "aten::mm" || name == "aten::addmm" || name == "aten::bmm" || name == "aten::baddbmm") {
+    // mm(self, mat2[, out]), addmm(self (the bias), mat1, mat2, ...[, out]),
+    // and their batched forms: result rows, or the batch.
+    const bool batched = name == "aten::bmm" || name == "aten::baddbmm";
+    const bool bias = name == "aten::addmm" || name == "aten::baddbmm";
+    const int64_t dims = batched ? 3 : 2;
     if (tensors.size() < (bias ? 3u : 2u)) {
       return;
     }
     const at::Tensor& left = tensors[bias ? 1 : 0];
     const at::Tensor& right = tensors[bias ? 2 : 1];
-    if (left.dim() != 2 || right.dim() != 2) {
+    if (left.dim() != dims || right.dim() != dims) {
       return;
     }
     const int64_t rows = left.size(0);
-    ranges_ = RowRanges(rows, rows * left.size(1) * right.size(1) / kMultiplyAddsPerElement, kMatrixRowsPerChunk);
+    const int64_t multiply_adds = left.numel() * right.size(dims - 1);
+    ranges_ = RowRanges(rows, multiply_adds / kMultiplyAddsPerElement, batched ? 1 : kMatrixRowsPerChunk);
     argument_dims_.assign(tensors.size(), 0); // out= has the result's rows
-    argument_dims_[bias ? 2 : 1] = -1;
-    if (bias && !(first.dim() == 2 && first.size(0) == rows)) {
+    if (!batched) {
+      argument_dims_[bias ? 2 : 1] = -1; // every row takes the whole right matrix
+    }
+    if (bias && !(first.dim() == dims && first.size(0) == rows)) {
       argument_dims_[0] = -1; // a bias broadcast along the rows
-    }
-  } else if (name == "aten::bmm" || name == "aten::baddbmm") {
-    const bool bias = name == "aten::baddbmm";
-    if (tensors.size() < (bias ? 3u : 2u)) {
-      return;
-    }
-    const at::Tensor& left = tensors[bias ? 1 : 0];
-    const at::Tensor& right = tensors[bias ? 2 : 1];
-    if (left.dim() != 3 || right.dim() != 3) {
-      return;
-    }
-    const int64_t batch = left.size(0);
-    ranges_ = RowRanges(batch, batch * left.size(1) * left.size(2) * right.size(2) / kMultiplyAddsPerElement);
-    argument_dims_.assign(tensors.size(), 0);
-    if (bias && !(first.dim() == 3 && first.size(0) == batch)) {
-      argument_dims_[0] = -1;
     }
   } else if (name == "aten::_softmax" || name == "aten::_log_softmax" || name == "aten::_softmax_backward_data" ||
              name == "aten::_log_softmax_backward_data") {

@@ -81,9 +81,18 @@ class PointwiseSplit {
   bool split() const {
     return ranges_.split();
   }
-  // Chunk i of `t`: narrowed along the dimension that lines up with the
-  // split one when `t` spans it (as broadcasting lines dimensions up, from
-  // the last), whole when it broadcasts along it.
+  // The split dimension of the result, and its ranges.
+  int64_t dim() const {
+    return dim_;
+  }
+  const RowRanges& ranges() const {
+    return ranges_;
+  }
+  // The dimension of `t` that lines up with the split one (as broadcasting
+  // lines dimensions up, from the last) when `t` spans it; -1 when `t`
+  // broadcasts along it.
+  int64_t dim_of(const at::Tensor& t) const;
+  // Chunk i of `t`: narrowed along dim_of(t), or whole.
   at::Tensor part(const at::Tensor& t, size_t i) const;
 
  private:
