@@ -7,9 +7,8 @@ and then wires up the Python side: ``torch.openreg`` and the generated
 ``Tensor.openreg()`` / ``Module.openreg()`` methods.
 """
 
-import atexit
-import ctypes
 import os
+import sys
 
 
 def _autoload() -> None:
@@ -21,25 +20,6 @@ def _autoload() -> None:
     """
 
 
-import torch  # noqa: E402
-
-_LIBRARY_PATH = os.path.join(os.path.dirname(__file__), "lib", "libtorch_openreg.so")
-
-# RTLD_GLOBAL: C++ extensions built against our headers resolve the C ABI
-# (openreg.h) from this already-loaded copy.
-_library = ctypes.CDLL(_LIBRARY_PATH, mode=ctypes.RTLD_GLOBAL)
-
-from torch_openreg import _C  # noqa: E402  (needs the library loaded first)
-from torch_openreg import openreg  # noqa: E402
-
-# Before the interpreter finalizes (atexit handlers run first, the latest
-# registered first): queued kernels finish while Python is whole, and a
-# kernel that runs later leaks its captured tensors instead of releasing
-# their Python objects, which would abort the process (Note [Host exit] in
-# src/lifecycle.rs).
-atexit.register(_C._prepare_exit)
-
-
 # For C++ programs: CMake finds torch_openreg's package (find_package(
 # torch_openreg), target torch_openreg::torch_openreg) under this prefix,
 # as torch.utils.cmake_prefix_path does for torch's. An installed package
@@ -49,7 +29,7 @@ cmake_prefix_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sh
 
 def library_path() -> str:
     """Path of the shared library, for ``torch.utils.cpp_extension`` users."""
-    return _LIBRARY_PATH
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib", "libtorch_openreg.so")
 
 
 def include_dir() -> str:
@@ -72,35 +52,31 @@ def include_dir() -> str:
     )
 
 
-def _register_python_side() -> None:
-    # The C++ side already registered the name "openreg"; renaming to the
-    # same name is accepted and makes Python aware of it.
-    torch.utils.rename_privateuse1_backend("openreg")
-    torch._register_device_module("openreg", openreg)
-    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+
+def _runtime_deferred() -> bool:
+    """Note [Conformance kit without openreg]
+    The conformance kit ships in this package, so `python -m
+    torch_openreg.conformance --device NAME` imports this package before any
+    of its code runs. The kit's runner never loads a backend, and a process
+    testing another PrivateUse1 backend must not load openreg's runtime, which
+    would take PrivateUse1 first: the runtime is left unloaded in the runner
+    (launched as that module) and wherever TORCH_OPENREG_CONFORMANCE_DEVICE
+    names another device (the kit's children and whatever they start: a
+    spawned worker imports torch, whose backend autoload imports this
+    package)."""
+    device_under_test = os.environ.get("TORCH_OPENREG_CONFORMANCE_DEVICE")
+    if device_under_test and device_under_test != "openreg":
+        return True
+    argv = getattr(sys, "orig_argv", [])
+    for i, argument in enumerate(argv[1:], start=1):
+        if argument == "-m":
+            return argv[i + 1 : i + 2] == ["torch_openreg.conformance"]
+        if argument.startswith("-m"):
+            return argument == "-mtorch_openreg.conformance"
+    return False
 
 
-_register_python_side()
-
-# torch.distributed on openreg tensors, over gloo (Note [Collectives over gloo]).
-from torch_openreg import _distributed  # noqa: E402,F401
-
-# openreg tensors through torch.multiprocessing (Note [Sharing device memory
-# between processes]).
-from torch_openreg import _multiprocessing  # noqa: E402,F401
-
-# torch.compile: dynamo's device interface, registered when dynamo loads
-# (Note [Registering with lazily imported torch modules]); Inductor's backend
-# is registered by torch itself through torch.openreg._inductor_backend_init.
-from torch_openreg import _after_import, _dynamo_interface  # noqa: E402
-
-_after_import.after_import("torch._dynamo.device_interface", _dynamo_interface.register)
-
-# Backward of openreg graphs on the calling thread, as for CPU tensors (on
-# autograd's device thread, each op would be a hand-off between threads).
-# Autograd's setting is per thread: this is the importing thread's, usually
-# the main thread. OPENREG_AUTOGRAD_ON_CALLER=0 keeps autograd's default.
-if openreg.options()["OPENREG_AUTOGRAD_ON_CALLER"]["value"] == "1":
-    torch.autograd.set_multithreading_enabled(False)  # "can be used as a function"
+if not _runtime_deferred():
+    from torch_openreg import _runtime  # noqa: F401  (loads the runtime, registers openreg)
 
 __all__ = ["cmake_prefix_path", "library_path", "include_dir"]
