@@ -226,17 +226,24 @@ std::vector<ScalarType> wider_dtypes(ScalarType dtype) {
 
 // Whether `e` is a CPU kernel's refusal of `dtype`: AT_DISPATCH's message,
 // or a NotImplementedError in other words that name the dtype or, for a
-// complex one, complex inputs (the FFT's "Unsupported dtype Half", nansum's
-// "does not support complex inputs").
+// complex one, complex inputs or its component type (the FFT's "Unsupported
+// dtype Half", nansum's "does not support complex inputs", MKL's "MKL FFT
+// doesn't support tensors of type: Half" for a ComplexHalf transform).
 bool refuses(const c10::Error& e, ScalarType dtype) {
   const std::string_view what = e.what_without_backtrace();
   const std::string name = c10::toString(dtype);
   if (what.find("not implemented for '" + name + "'") != std::string_view::npos) {
     return true;
   }
-  return dynamic_cast<const c10::NotImplementedError*>(&e) != nullptr &&
-      (what.find(name) != std::string_view::npos ||
-       (c10::isComplexType(dtype) && what.find("complex") != std::string_view::npos));
+  if (dynamic_cast<const c10::NotImplementedError*>(&e) == nullptr) {
+    return false;
+  }
+  if (what.find(name) != std::string_view::npos) {
+    return true;
+  }
+  return c10::isComplexType(dtype) &&
+      (what.find("complex") != std::string_view::npos ||
+       what.find(c10::toString(c10::toRealValueType(dtype))) != std::string_view::npos);
 }
 
 // Whether the op returns a view of an argument (view_as_complex).
