@@ -15,6 +15,7 @@
 #include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/device_memory.h"
 #include "torch_openreg/cpp/ivalue_tensors.h"
+#include "torch_openreg/cpp/meta_kernels.h"
 
 namespace openreg {
 namespace {
@@ -257,7 +258,12 @@ std::optional<Plan> plan_with_meta_kernel(const c10::OperatorHandle& op, c10::Ar
   } discard;
   c10::WarningUtils::WarningHandlerGuard no_warnings(&discard);
   try {
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
+    const c10::DispatchKeySet meta(c10::DispatchKey::Meta);
+    if (const c10::KernelFunction* cxx = cxx_meta_kernel_for(op)) {
+      cxx->callBoxed(op, meta, &stack); // Note [C++ Meta kernels]
+    } else {
+      op.redispatchBoxed(meta, &stack);
+    }
   } catch (const std::exception&) {
     return std::nullopt; // the CPU kernel, run instead, raises its own error
   }

@@ -146,6 +146,24 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'torch.openreg' has no attribute {name!r}")
 
 
+def _lazy_init() -> None:
+    """Called by torch before the process's first openreg tensor is made
+    from Python (``torch/csrc/utils/device_lazy_init.cpp``), once it returns.
+
+    Note [One-time costs at the first device use]: the first Python Meta
+    kernel a process runs imports ``torch._dynamo`` (about 1.3 s), through
+    ``torch._disable_dynamo`` on torch's Python references. openreg runs Meta
+    kernels to plan an op's results while the device computes (Note [Meta
+    results] in cpp/meta_results.h), so that import would stall the host
+    behind queued work the first time an op without a C++ Meta kernel (Note
+    [C++ Meta kernels] in cpp/meta_kernels.h) is planned: ``relu``,
+    ``layer_norm``, ``embedding``... It is paid here instead, where no device
+    work can be waiting, as a CUDA program pays for its context on its
+    first CUDA tensor. The runtime itself still initializes on first use,
+    wherever that is."""
+    import torch._dynamo  # noqa: F401
+
+
 def _inductor_backend_init() -> None:
     """Called by Inductor (``init_backend_registration``) the first time it
     needs device backends: registers openreg's (Note [Inductor kernels in
