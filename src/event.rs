@@ -293,9 +293,20 @@ fn signed_ms(from: Instant, to: Instant) -> f64 {
 /// `Arc<Event>` per live handle; `release` empties the slot and bumps its
 /// generation, so a destroyed handle (even after its slot is reused by a
 /// new event), a double destroy, a garbage value or null is rejected with
-/// `InvalidHandle` instead of touching freed memory. A lookup is one
-/// uncontended lock and a vector index (the guard's `record` is a hot path).
+/// `InvalidHandle` instead of touching freed memory.
+///
+/// A lookup is on the hot path (every record, synchronize, query, wait):
+/// each thread remembers the last event it looked up, as a `Weak` beside the
+/// count of releases at that time. While no handle has been released since,
+/// the remembered handle is still live and the lookup is one upgrade, without
+/// the registry's lock. Any release makes every thread's next lookup take the
+/// lock. A `Weak` never drops an event, so a thread's cache keeps nothing
+/// alive (an event's last reference may hold a capture and its kernels).
 pub mod handle {
+    use std::cell::RefCell;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Weak;
+
     use super::*;
 
     /// Handles are 64-bit values (`(slot + 1) << 32 | generation`).
@@ -317,6 +328,14 @@ pub mod handle {
         slots: Vec::new(),
         free: Vec::new(),
     });
+
+    /// Handles released so far; bumped under the registry's lock.
+    static RELEASES: AtomicU64 = AtomicU64::new(0);
+
+    thread_local! {
+        /// This thread's last lookup: (handle, RELEASES then, the event).
+        static LAST: RefCell<Option<(usize, u64, Weak<Event>)>> = const { RefCell::new(None) };
+    }
 
     fn encode(slot: u32, generation: u32) -> usize {
         ((slot as usize + 1) << 32) | generation as usize
@@ -360,6 +379,25 @@ pub mod handle {
 
     /// A new reference to the event behind `handle`, or `InvalidHandle`.
     pub fn get(handle: usize) -> Result<Arc<Event>> {
+        let cached = LAST.with(|last| {
+            let last = last.borrow();
+            let (h, releases, event) = last.as_ref()?;
+            (*h == handle && *releases == RELEASES.load(Ordering::Acquire))
+                .then(|| event.upgrade())
+                .flatten()
+        });
+        if let Some(event) = cached {
+            return Ok(event);
+        }
+        // The count read before the lookup: a release after it makes the
+        // next lookup of this thread miss.
+        let releases = RELEASES.load(Ordering::Acquire);
+        let event = lookup(handle)?;
+        LAST.with(|last| *last.borrow_mut() = Some((handle, releases, Arc::downgrade(&event))));
+        Ok(event)
+    }
+
+    fn lookup(handle: usize) -> Result<Arc<Event>> {
         let reg = REGISTRY.lock();
         decode(handle)
             .and_then(|(slot, generation)| {
@@ -386,11 +424,39 @@ pub mod handle {
                 return Err(invalid(handle));
             };
             entry.generation = entry.generation.checked_add(1).unwrap_or(1);
+            RELEASES.fetch_add(1, Ordering::AcqRel);
             let event = entry.event.take();
             reg.free.push(slot as u32);
             event
         };
         drop(event); // outside the registry's lock
         Ok(())
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handle_released_by_another_thread_is_invalid_in_this_one() {
+        let first = handle::into_raw(Event::new(0, false).unwrap());
+        let second = handle::into_raw(Event::new(0, false).unwrap());
+        // Remembered by this thread, and kept alive (as queued work keeps it).
+        let alive = handle::get(first).unwrap();
+        std::thread::spawn(move || handle::release(first).unwrap()).join().unwrap();
+        let err = handle::get(first).err().expect("a released handle");
+        assert_eq!(err.kind, ErrorKind::InvalidHandle);
+        // Its slot reused by a new event: the old handle stays invalid.
+        let third = handle::into_raw(Event::new(0, false).unwrap());
+        assert!(handle::get(first).is_err());
+        assert!(handle::get(third).is_ok() && handle::get(second).is_ok());
+        drop(alive);
+        // The cache keeps nothing alive: the released event is gone.
+        let weak = Arc::downgrade(&handle::get(second).unwrap());
+        handle::release(second).unwrap();
+        assert!(weak.upgrade().is_none());
+        handle::release(third).unwrap();
     }
 }
