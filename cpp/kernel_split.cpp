@@ -104,9 +104,13 @@ at::Tensor PointwiseSplit::part(const at::Tensor& t, size_t i) const {
 namespace {
 
 // A matrix product's multiply-adds count as 1/32 element of pointwise work;
-// a softmax's or a norm's elements as 4 (measured against an add's).
+// a softmax's or a norm's elements as 4 (measured against an add's); a
+// convolution's: see batch_ranges in convolution.cpp.
 constexpr int64_t kMultiplyAddsPerElement = 32;
 constexpr int64_t kNormWorkPerElement = 4;
+// A 2-D pooling's input elements: 2x2 max pooling of 200K elements took as
+// long as an add of 2.6M (single-threaded, with its indices).
+constexpr int64_t kPoolWorkPerElement = 8;
 // Each chunk of a matrix product packs the whole right matrix again: fewer
 // rows than this cost more than two threads gain (1024x1024 on 2 cores:
 // 16-row chunks ran 1.5-3x slower than 256-row ones, which match MKL's own
@@ -256,7 +260,7 @@ CallSplit::CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> a
     // a batched (4-D) or unbatched (3-D) input, every tensor alike (the
     // backward's grad_output, input and indices).
     if (first.dim() >= 3) {
-      all_rows(std::max(first.numel(), tensors.back().numel()));
+      all_rows(std::max(first.numel(), tensors.back().numel()) * kPoolWorkPerElement);
     }
   } else if (name == "aten::native_layer_norm") {
     // (input, normalized_shape, weight?, bias?, eps): rows of the input.
