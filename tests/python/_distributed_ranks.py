@@ -136,10 +136,13 @@ def failures(rank: int, ports: list[int], timeout_s: float) -> dict:
     torch.openreg.set_device(rank)
     timeout = datetime.timedelta(seconds=timeout_s)
     out: dict = {}
+    # Before the group forms: the first device tensor's one-time cost (Note
+    # [One-time costs at the first device use]) must not eat into the time
+    # rank 1 stays alive, or rank 1 leaves before rank 0's timeout.
+    t = torch.ones(2, device=f"openreg:{rank}")
     use_port(ports[0])
     dist.init_process_group(rank=rank, world_size=WORLD_SIZE, timeout=timeout)
     if rank == 0:
-        t = torch.ones(2, device=f"openreg:{rank}")
         start = time.monotonic()
         out["missing_peer_error"] = _error_of(lambda: dist.all_reduce(t))
         out["missing_peer_seconds"] = time.monotonic() - start
@@ -151,7 +154,6 @@ def failures(rank: int, ports: list[int], timeout_s: float) -> dict:
     dist.init_process_group(rank=rank, world_size=WORLD_SIZE, timeout=timeout)
     if rank == 1:
         return out  # leaves without destroying the group, as a crashed rank
-    t = torch.ones(2, device=f"openreg:{rank}")
     start = time.monotonic()
     out["early_exit_error"] = _error_of(lambda: dist.all_reduce(t))
     out["early_exit_seconds"] = time.monotonic() - start
