@@ -23,12 +23,13 @@ It runs in a few minutes (samples run on openreg in this process).
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import subprocess
 import sys
 import warnings
 from collections import defaultdict
+
+from generated_files import write_or_check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE = os.path.join(ROOT, "cpp", "dtype_table.h")
@@ -201,20 +202,7 @@ def main() -> int:
             print(f"CPU-only  {dtype:14} {label}: " + (f"refused at {', '.join(ops)}" if ops else "NOT REFUSED"))
     refused = sum(1 for ops in outcomes["cpu_only"].values() if ops)
     print(f"{len(rules)} rules; CPU-only pairs refused: {refused} of {len(outcomes['cpu_only'])}")
-    if args.check:
-        with open(TABLE) as f:
-            current = f.read()
-        if current != text:
-            sys.stdout.writelines(difflib.unified_diff(
-                current.splitlines(True), text.splitlines(True), "cpp/dtype_table.h", "regenerated"))
-            print("cpp/dtype_table.h is stale: run python3 scripts/generate_dtype_table.py")
-            return 1
-        print("cpp/dtype_table.h is up to date")
-        return 0
-    with open(TABLE, "w") as f:
-        f.write(text)
-    print(f"wrote {TABLE}")
-    return 0
+    return write_or_check(TABLE, text, args.check, __file__)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ inferred from its C++ type with the op's.
 from __future__ import annotations
 
 import argparse
-import difflib
 import glob
 import os
 import re
@@ -27,7 +26,8 @@ import subprocess
 import sys
 from collections import Counter
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from generated_files import ROOT, write_or_check
+
 TABLE = os.path.join(ROOT, "cpp", "meta_kernels_table.h")
 DECLARATION = re.compile(r"^TORCH_API (.+?) (\w+)\((.*)\);$", re.MULTILINE)
 
@@ -83,11 +83,12 @@ def entries(include_dir: str, library: str) -> list[tuple[str, str, str, str]]:
             if any("TensorOptions" in p for p in parameters):
                 continue
             op = name[: -len("_outf")] if name.endswith("_outf") else name
-            declared[name, len(parameters)] += 1
-            found.append((header, "aten::" + op, function_type(returns, parameters), "at::meta::" + name, len(parameters)))
+            arity = (name, len(parameters))
+            declared[arity] += 1
+            found.append((arity, (header, "aten::" + op, function_type(returns, parameters), "at::meta::" + name)))
     # Kept where every declaration of a name and arity is exported: an
     # arity tells no finer which of them is.
-    return [e[:4] for e in found if exported[e[3][len("at::meta::"):], e[4]] == declared[e[3][len("at::meta::"):], e[4]]]
+    return [entry for arity, entry in found if exported[arity] == declared[arity]]
 
 
 def render(torch_version: str, include_dir: str, library: str) -> str:
@@ -128,19 +129,8 @@ def main() -> int:
     include_dir = next(p for p in include_paths() if os.path.isdir(os.path.join(p, "ATen", "ops")))
     library = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
     text = render(torch.__version__.split("+")[0], include_dir, library)
-    if args.check:
-        current = open(TABLE).read() if os.path.exists(TABLE) else ""
-        if current != text:
-            sys.stdout.writelines(difflib.unified_diff(
-                current.splitlines(True), text.splitlines(True), "cpp/meta_kernels_table.h", "generated"))
-            print("cpp/meta_kernels_table.h is stale: run scripts/generate_meta_kernels.py")
-            return 1
-        print("cpp/meta_kernels_table.h is up to date")
-        return 0
-    with open(TABLE, "w") as f:
-        f.write(text)
-    print(f"wrote {os.path.relpath(TABLE, ROOT)}: {text.count('cxx_meta_kernel<')} kernels")
-    return 0
+    print(f"{text.count('cxx_meta_kernel<')} kernels")
+    return write_or_check(TABLE, text, args.check, __file__)
 
 
 if __name__ == "__main__":

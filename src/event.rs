@@ -434,7 +434,6 @@ pub mod handle {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
