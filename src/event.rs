@@ -444,7 +444,9 @@ mod tests {
         let second = handle::into_raw(Event::new(0, false).unwrap());
         // Remembered by this thread, and kept alive (as queued work keeps it).
         let alive = handle::get(first).unwrap();
-        std::thread::spawn(move || handle::release(first).unwrap()).join().unwrap();
+        std::thread::spawn(move || handle::release(first).unwrap())
+            .join()
+            .unwrap();
         let err = handle::get(first).err().expect("a released handle");
         assert_eq!(err.kind, ErrorKind::InvalidHandle);
         // Its slot reused by a new event: the old handle stays invalid.
