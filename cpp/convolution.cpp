@@ -5,6 +5,7 @@
 // zero-copy views as a kernel on the current stream (Note [One door]),
 // writing them in place.
 #include <algorithm>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/native/ConvUtils.h>
@@ -114,32 +115,50 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
        grad_bias = kernel_operand(grad_bias), grad_output = kernel_operand(grad_output),
        input = kernel_operand(input), weight = kernel_operand(weight), channels, stride = stride.vec(),
        padding = padding.vec(), dilation = dilation.vec(), transposed, output_padding = output_padding.vec(), groups,
-       output_mask, batch = output_mask[0] ? batch_ranges(input, weight, grad_output) : RowRanges()] {
-        // Split: chunks of grad_input by batch, then one chunk for the
-        // weight and bias gradients (a sum over the whole batch).
-        const size_t input_chunks = batch.split() ? batch.count() : 0;
-        run_chunks(input_chunks + 1, [&](size_t i) {
-          const bool whole = i == input_chunks;
-          std::array<bool, 3> mask = output_mask;
-          if (batch.split()) {
-            mask = whole ? std::array<bool, 3>{false, output_mask[1], output_mask[2]} : std::array<bool, 3>{true, false, false};
-          }
-          if (!mask[0] && !mask[1] && !mask[2]) {
-            return;
-          }
-          const auto rows = [&](const at::Tensor& t) { return whole ? t : batch.narrow(t, 0, i); };
-          auto [gi, gw, gb] = at::convolution_backward(
+       output_mask, batch = batch_ranges(input, weight, grad_output)] {
+        // Split by batch: chunks of grad_input rows, then chunks that each
+        // compute their rows' share of the weight and bias gradients (sums
+        // over the batch). The shares are added in chunk order, so these
+        // sums too depend on the shapes alone; unsplit, the kernel is CPU's.
+        const bool sums = output_mask[1] || output_mask[2];
+        const size_t input_chunks = output_mask[0] ? batch.count() : 0;
+        const size_t sum_chunks = sums ? batch.count() : 0;
+        std::vector<at::Tensor> weight_shares(std::max<size_t>(sum_chunks, 1));
+        std::vector<at::Tensor> bias_shares(weight_shares.size());
+        const auto backward = [&](size_t range, std::array<bool, 3> mask) {
+          const auto rows = [&](const at::Tensor& t) { return batch.split() ? batch.narrow(t, 0, range) : t; };
+          return at::convolution_backward(
               rows(grad_output), rows(input), weight, std::vector<int64_t>{channels}, stride, padding, dilation,
               transposed, output_padding, groups, mask);
-          const at::Tensor gi_dst = mask[0] ? rows(grad_input) : at::Tensor();
-          const at::Tensor gw_dst = mask[1] ? grad_weight : at::Tensor();
-          const at::Tensor gb_dst = mask[2] ? grad_bias : at::Tensor();
-          for (auto [dst, src] : {std::pair{gi_dst, gi}, std::pair{gw_dst, gw}, std::pair{gb_dst, gb}}) {
-            if (dst.defined()) {
-              dst.copy_(src);
-            }
+        };
+        if (!batch.split()) {
+          const auto results = backward(0, output_mask);
+          if (output_mask[0]) {
+            grad_input.copy_(std::get<0>(results));
           }
-        });
+          weight_shares[0] = std::get<1>(results);
+          bias_shares[0] = std::get<2>(results);
+        } else {
+          run_chunks(input_chunks + sum_chunks, [&](size_t i) {
+            if (i < input_chunks) {
+              batch.narrow(grad_input, 0, i).copy_(std::get<0>(backward(i, {true, false, false})));
+              return;
+            }
+            const size_t range = i - input_chunks;
+            const auto results = backward(range, {false, output_mask[1], output_mask[2]});
+            weight_shares[range] = std::get<1>(results);
+            bias_shares[range] = std::get<2>(results);
+          });
+        }
+        for (auto [dst, shares] : {std::pair{grad_weight, &weight_shares}, std::pair{grad_bias, &bias_shares}}) {
+          if (!dst.defined()) {
+            continue;
+          }
+          dst.copy_((*shares)[0]);
+          for (size_t range = 1; range < shares->size(); ++range) {
+            dst.add_((*shares)[range]);
+          }
+        }
       },
       launch_mode_for(input.numel()),
       KernelInfo(

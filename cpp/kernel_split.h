@@ -18,9 +18,10 @@
 //    batched product), the arguments that produce them narrowed alike;
 //  - softmax-like ops, reductions over inner dimensions and layer norm:
 //    dimension 0 when it is not reduced;
-//  - convolution: the batch (its backward: grad_input by batch, beside one
-//    chunk for the weight and bias gradients); 2-D pooling: the batch (or
-//    the channels of an unbatched input).
+//  - convolution: the batch (its backward too: grad_input by batch, and the
+//    weight and bias gradients, sums over the batch, as one share per range
+//    of the batch, added in range order); 2-D pooling: the batch (or the
+//    channels of an unbatched input).
 // Ops drawing random numbers are never split (their draws are laid out for
 // the whole tensor).
 #pragma once
