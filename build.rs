@@ -79,6 +79,7 @@ fn main() {
         "cpp/meta_results.cpp",
         "cpp/meta_kernels.cpp",
         "cpp/convolution.cpp",
+        "cpp/batch_norm.cpp",
         "cpp/elementwise.cpp",
         "cpp/generator.cpp",
         "cpp/random.cpp",

@@ -29,6 +29,7 @@ void register_nested_fallback(torch::Library& fallback, torch::Library& nested_a
 void register_quantized_fallback(torch::Library& fallback, torch::Library& quantized_aten);
 void register_fallback_kernels(KernelRegistrar& kernels);
 void register_convolution(KernelRegistrar& kernels);
+void register_batch_norm(KernelRegistrar& kernels);
 void register_elementwise(KernelRegistrar& kernels);
 void register_random(KernelRegistrar& kernels);
 void register_attention(KernelRegistrar& kernels);
@@ -276,6 +277,7 @@ void register_ops() {
   kernels->impl("record_stream", TORCH_FN(record_stream));
   kernels->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   register_convolution(*kernels);
+  register_batch_norm(*kernels);
   register_elementwise(*kernels);
   register_random(*kernels);
   register_attention(*kernels);

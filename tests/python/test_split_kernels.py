@@ -56,6 +56,7 @@ torch.manual_seed(0)
 x = torch.randn(1024, 1024)
 img = torch.randn(16, 3, 32, 32)
 conv = torch.nn.Conv2d(3, 8, 3)
+maps = torch.randn(32, 8, 28, 28)
 dev = lambda t: t.to("openreg")
 outs = {}
 def run(route):
@@ -79,6 +80,9 @@ def run(route):
     outs[route + " conv grad_input"] = i.grad
     outs[route + " conv grad_weight"] = c.weight.grad
     c.weight.grad = None
+    mean, var = torch.zeros(8, device="openreg"), torch.ones(8, device="openreg")
+    outs[route + " batch_norm"] = torch.nn.functional.batch_norm(dev(maps), mean, var, training=True)
+    outs[route + " batch_norm running_var"] = var
     torch.openreg.synchronize()
 run("inline")
 run("queued")
@@ -116,6 +120,9 @@ def test_large_split_kernels_equal_cpu():
     x = torch.randn(1024, 1024)
     img = torch.randn(16, 3, 32, 32)
     conv = torch.nn.Conv2d(3, 8, 3)
+    maps = torch.randn(32, 8, 28, 28)
+    var = torch.ones(8)
+    normalized = F.batch_norm(maps, torch.zeros(8), var, training=True)
     i = img.clone().requires_grad_()
     y = conv(i)
     y.square().sum().backward()
@@ -123,6 +130,7 @@ def test_large_split_kernels_equal_cpu():
         "add": x + x.T, "sin": x.sin(), "mm": x @ x, "softmax": x.softmax(-1), "sum": x.sum(1),
         "layer_norm": F.layer_norm(x, (1024,)), "copy": x.T.contiguous(), "fill": torch.full((2048, 1024), 0.5),
         "conv": y, "conv grad_input": i.grad, "conv grad_weight": conv.weight.grad,
+        "batch_norm": normalized, "batch_norm running_var": var,
     }
     for op, value in want.items():
         # Sums (the weight gradient, thousands) round in another order than
