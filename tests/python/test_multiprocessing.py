@@ -23,7 +23,7 @@ SHARING = script(
     if __name__ == "__main__":
         done(_ipc_processes.main())
     """,
-    timeout=110,
+    timeout=300,
 )
 
 
