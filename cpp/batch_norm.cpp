@@ -56,22 +56,6 @@ RowRanges channel_ranges(
   return RowRanges(input.size(1), input.numel() * kBatchNormWorkPerElement);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> through_fallback(
-    const at::Tensor& input,
-    const Optional& weight,
-    const Optional& bias,
-    const Optional& running_mean,
-    const Optional& running_var,
-    bool training,
-    double momentum,
-    double eps) {
-  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::native_batch_norm", "");
-  torch::jit::Stack stack;
-  torch::jit::push(stack, input, weight, bias, running_mean, running_var, training, momentum, eps);
-  run_fallback(op, &stack);
-  return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor()};
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
     const at::Tensor& input,
     const Optional& weight,
@@ -83,7 +67,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
     double eps) {
   const RowRanges channels = channel_ranges(input, {&weight, &bias, &running_mean, &running_var}, training);
   if (!channels.split()) {
-    return through_fallback(input, weight, bias, running_mean, running_var, training, momentum, eps);
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::native_batch_norm", "");
+    torch::jit::Stack stack;
+    torch::jit::push(stack, input, weight, bias, running_mean, running_var, training, momentum, eps);
+    run_fallback(op, &stack);
+    return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor()};
   }
   c10::DeviceGuard guard(input.device());
   at::Tensor out = empty_on_current_device(input.sizes(), input.scalar_type());
