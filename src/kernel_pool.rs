@@ -294,7 +294,14 @@ mod tests {
         // The other tests of this binary run at the same time and may keep
         // every helper busy for one call (fewer hands, by design): some call
         // of a few must find one free.
-        let spread = (0..20).any(|_| run(64).into_iter().map(|(_, t)| t).collect::<HashSet<_>>().len() > 1);
+        let spread = (0..20).any(|_| {
+            run(64)
+                .into_iter()
+                .map(|(_, t)| t)
+                .collect::<HashSet<_>>()
+                .len()
+                > 1
+        });
         assert!(spread, "every chunk of 20 calls ran on the caller");
     }
 
