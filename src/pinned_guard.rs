@@ -21,8 +21,21 @@
 //! too (a limitation, said in the README).
 //! The handler reads only fixed slots of atomics and a message written
 //! before the slot was armed; faults elsewhere go to the previous handler.
+//!
+//! Several host threads can fault on one guarded range at once (a CPU
+//! matmul's OpenMP team reading the buffer): the first to enter lifts the
+//! protection and marks the slot FAULTED, and the others, whose faults
+//! were taken while it was still protected, find the slot FAULTED (or FREE
+//! again, if the report was collected meanwhile). Their access only needs
+//! retrying, so the handler takes a fault inside any slot's range as its
+//! own, whatever the slot's state: a slot's range stays recorded after it
+//! is released (its pages are then accessible again) and is cleared only
+//! when its memory is freed, so a fault there is never a stale one. Passing
+//! such a fault on would run the default action (the process dies) or, as
+//! it did, reset SIGSEGV to it and leave the next guarded access to kill
+//! the process.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Once;
 
 use parking_lot::Mutex;
@@ -67,6 +80,8 @@ static GUARDS: [Slot; SLOTS] = [const {
 
 /// Slots not FREE: the launch path skips all of this when 0.
 static IN_USE: AtomicUsize = AtomicUsize::new(0);
+/// Some slot was armed once: its range may still be recorded (`forget`).
+static EVER_ARMED: AtomicBool = AtomicBool::new(false);
 /// Serializes arming, releasing and collecting (never the handler).
 static ARMING: Mutex<()> = Mutex::new(());
 
@@ -96,27 +111,26 @@ extern "C" fn on_fault(
 ) {
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let address = unsafe { (*info).si_addr() } as usize;
+    let range = |slot: &Slot| slot.start.load(Ordering::Relaxed)..slot.end.load(Ordering::Relaxed);
+    let covers = |slot: &Slot| range(slot).contains(&address);
     for slot in &GUARDS {
-        if slot.state.load(Ordering::Acquire) != ARMED {
-            continue;
-        }
-        let (start, end) = (
-            slot.start.load(Ordering::Relaxed),
-            slot.end.load(Ordering::Relaxed),
-        );
-        if (start..end).contains(&address) {
+        if slot.state.load(Ordering::Acquire) == ARMED && covers(slot) {
+            let pages = range(slot);
             // SAFETY: mprotect is async-signal-safe; the range is mapped
             // pinned memory (freeing it disarms the slot first).
             unsafe {
                 libc::mprotect(
-                    start as *mut libc::c_void,
-                    end - start,
+                    pages.start as *mut libc::c_void,
+                    pages.len(),
                     libc::PROT_READ | libc::PROT_WRITE,
                 )
             };
             slot.state.store(FAULTED, Ordering::Release);
             return; // the access is retried, and succeeds
         }
+    }
+    if GUARDS.iter().any(covers) {
+        return; // lifted by another thread's fault or a release: retried
     }
     // Not ours: what would have happened without us.
     // SAFETY: PREVIOUS was filled by sigaction before this handler existed.
@@ -165,9 +179,22 @@ pub(crate) fn arm(
     let _arming = ARMING.lock();
     let (start, end) = page_range(address, bytes);
     disarm_overlapping(start, end, false);
-    let Some(slot) = GUARDS
-        .iter()
-        .find(|s| s.state.load(Ordering::Acquire) == FREE)
+    // A free slot that records no range, or this one, is taken first: the
+    // ranges others record keep late faults on them retried (above).
+    let free = || {
+        GUARDS
+            .iter()
+            .filter(|s| s.state.load(Ordering::Acquire) == FREE)
+    };
+    let recorded = |s: &Slot| {
+        (
+            s.start.load(Ordering::Relaxed),
+            s.end.load(Ordering::Relaxed),
+        )
+    };
+    let Some(slot) = free()
+        .find(|s| matches!(recorded(s), (0, 0)) || recorded(s) == (start, end))
+        .or_else(|| free().next())
     else {
         crate::log::once(crate::log::Level::Warn, "openreg sanitizer: more than 64 pinned buffers with pending copies; later ones are not guarded");
         return;
@@ -182,6 +209,7 @@ pub(crate) fn arm(
     slot.agent.store(agent, Ordering::Relaxed);
     slot.seq.store(seq, Ordering::Relaxed);
     IN_USE.fetch_add(1, Ordering::AcqRel);
+    EVER_ARMED.store(true, Ordering::Release);
     slot.state.store(ARMED, Ordering::Release);
     set_protection(
         start,
@@ -228,13 +256,26 @@ pub(crate) fn runtime_access(buffers: &[KernelBuffer]) {
     }
 }
 
-/// Pinned memory at `base..base + len` is being freed.
+/// Pinned memory at `base..base + len` is being freed: its guards are
+/// dropped, and so are the ranges released slots still record, so that a
+/// fault on the unmapped pages is no longer taken for a guarded access.
 pub(crate) fn forget(base: usize, len: usize) {
-    if IN_USE.load(Ordering::Acquire) == 0 {
+    if !EVER_ARMED.load(Ordering::Acquire) {
         return;
     }
     let _arming = ARMING.lock();
-    disarm_overlapping(base, base + len, false);
+    let end = base + len;
+    disarm_overlapping(base, end, false);
+    for slot in &GUARDS {
+        let (s, e) = (
+            slot.start.load(Ordering::Relaxed),
+            slot.end.load(Ordering::Relaxed),
+        );
+        if s < end && base < e {
+            slot.start.store(0, Ordering::Relaxed);
+            slot.end.store(0, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Lifts the guards of copies the host has synchronized with.

@@ -199,3 +199,34 @@ fn off_checks_nothing() {
     assert_eq!(sanitizer::reports().len(), 1);
     allocator::free_anywhere(buf).unwrap();
 }
+
+/// Note [Pinned memory guard]: host threads reading a guarded pinned buffer
+/// at once (as a CPU matmul's OpenMP team does) all fault; each access is
+/// retried and the one report comes once. The faults taken after another
+/// thread lifted the guard used to go to the default action: the process
+/// died with SIGSEGV, at once or at the next guarded access.
+#[test]
+fn concurrent_host_reads_of_a_guarded_pinned_buffer_are_one_report() {
+    let _turn = begin();
+    let copy_stream = stream(1, 0);
+    const READERS: usize = 4;
+    let bytes = 2 * 4096;
+    let host = torch_openreg::pinned::malloc(bytes).unwrap();
+    for _ in 0..100 {
+        sanitizer::guard_pinned_copy(copy_stream, host, bytes, true, "host");
+        let start = std::sync::Barrier::new(READERS);
+        std::thread::scope(|scope| {
+            for reader in 0..READERS {
+                let start = &start;
+                scope.spawn(move || {
+                    start.wait();
+                    // SAFETY: `host` is a live pinned allocation of `bytes`.
+                    unsafe { std::ptr::read_volatile((host + reader * 8) as *const u64) }
+                });
+            }
+        });
+        assert_eq!(kind_count("pinned_host_access"), 1);
+        sanitizer::clear();
+    }
+    torch_openreg::pinned::free(host);
+}
