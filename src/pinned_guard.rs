@@ -30,7 +30,8 @@
 //! retrying, so the handler takes a fault inside any slot's range as its
 //! own, whatever the slot's state: a slot's range stays recorded after it
 //! is released (its pages are then accessible again) and is cleared only
-//! when its memory is freed, so a fault there is never a stale one. Passing
+//! when its memory is freed, so a fault there always lands on pages that
+//! are accessible again by the time it is retried. Passing
 //! such a fault on would run the default action (the process dies) or, as
 //! it did, reset SIGSEGV to it and leave the next guarded access to kill
 //! the process.
@@ -60,6 +61,18 @@ struct Slot {
     seq: AtomicU64,
     message_len: AtomicUsize,
     message: std::cell::UnsafeCell<[u8; MESSAGE_BYTES]>,
+}
+
+impl Slot {
+    /// The recorded range (empty once its memory was freed).
+    fn pages(&self) -> std::ops::Range<usize> {
+        self.start.load(Ordering::Relaxed)..self.end.load(Ordering::Relaxed)
+    }
+
+    fn overlaps(&self, start: usize, end: usize) -> bool {
+        let pages = self.pages();
+        pages.start < end && start < pages.end
+    }
 }
 
 // SAFETY: `message` is written only by the thread that owns the slot while it
@@ -111,11 +124,10 @@ extern "C" fn on_fault(
 ) {
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let address = unsafe { (*info).si_addr() } as usize;
-    let range = |slot: &Slot| slot.start.load(Ordering::Relaxed)..slot.end.load(Ordering::Relaxed);
-    let covers = |slot: &Slot| range(slot).contains(&address);
+    let covers = |slot: &Slot| slot.pages().contains(&address);
     for slot in &GUARDS {
         if slot.state.load(Ordering::Acquire) == ARMED && covers(slot) {
-            let pages = range(slot);
+            let pages = slot.pages();
             // SAFETY: mprotect is async-signal-safe; the range is mapped
             // pinned memory (freeing it disarms the slot first).
             unsafe {
@@ -186,14 +198,8 @@ pub(crate) fn arm(
             .iter()
             .filter(|s| s.state.load(Ordering::Acquire) == FREE)
     };
-    let recorded = |s: &Slot| {
-        (
-            s.start.load(Ordering::Relaxed),
-            s.end.load(Ordering::Relaxed),
-        )
-    };
     let Some(slot) = free()
-        .find(|s| matches!(recorded(s), (0, 0)) || recorded(s) == (start, end))
+        .find(|s| s.pages().is_empty() || s.pages() == (start..end))
         .or_else(|| free().next())
     else {
         crate::log::once(crate::log::Level::Warn, "openreg sanitizer: more than 64 pinned buffers with pending copies; later ones are not guarded");
@@ -227,15 +233,12 @@ pub(crate) fn arm(
 fn disarm_overlapping(start: usize, end: usize, collect: bool) {
     for slot in &GUARDS {
         let state = slot.state.load(Ordering::Acquire);
-        let (s, e) = (
-            slot.start.load(Ordering::Relaxed),
-            slot.end.load(Ordering::Relaxed),
-        );
-        if state == FREE || !(s < end && start < e) || (collect && state == FAULTED) {
+        if state == FREE || !slot.overlaps(start, end) || (collect && state == FAULTED) {
             continue;
         }
         if state == ARMED {
-            set_protection(s, e, libc::PROT_READ | libc::PROT_WRITE);
+            let pages = slot.pages();
+            set_protection(pages.start, pages.end, libc::PROT_READ | libc::PROT_WRITE);
         } else {
             report(slot);
         }
@@ -266,15 +269,9 @@ pub(crate) fn forget(base: usize, len: usize) {
     let _arming = ARMING.lock();
     let end = base + len;
     disarm_overlapping(base, end, false);
-    for slot in &GUARDS {
-        let (s, e) = (
-            slot.start.load(Ordering::Relaxed),
-            slot.end.load(Ordering::Relaxed),
-        );
-        if s < end && base < e {
-            slot.start.store(0, Ordering::Relaxed);
-            slot.end.store(0, Ordering::Relaxed);
-        }
+    for slot in GUARDS.iter().filter(|slot| slot.overlaps(base, end)) {
+        slot.start.store(0, Ordering::Relaxed);
+        slot.end.store(0, Ordering::Relaxed);
     }
 }
 
@@ -291,11 +288,8 @@ pub(crate) fn release_covered(covered: impl Fn(usize, u64) -> bool) {
                 slot.seq.load(Ordering::Relaxed),
             )
         {
-            let (s, e) = (
-                slot.start.load(Ordering::Relaxed),
-                slot.end.load(Ordering::Relaxed),
-            );
-            set_protection(s, e, libc::PROT_READ | libc::PROT_WRITE);
+            let pages = slot.pages();
+            set_protection(pages.start, pages.end, libc::PROT_READ | libc::PROT_WRITE);
             slot.state.store(FREE, Ordering::Release);
             IN_USE.fetch_sub(1, Ordering::AcqRel);
         }
