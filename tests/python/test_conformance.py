@@ -165,6 +165,53 @@ def test_another_device_under_test_leaves_openreg_unloaded():
     assert out == ["True", "openreg"]
 
 
+def _collect_from(checks, events: list[tuple[float, dict]], exit_after_s: float, timeout_s: float):
+    """The runner's collection of one child that writes `events` (each
+    after its pause) on the result pipe, then lives `exit_after_s` more;
+    every check gets `timeout_s`. Returns the results and the runner's
+    import problem."""
+    from torch_openreg.conformance import _runner
+
+    runner = _runner.Runner(_runner.Options(device="openreg", module=None, full=False, timeout_s=timeout_s,
+                                            progress=False, autoload=None))
+    lines = [(pause, json.dumps(event) + "\n") for pause, event in events]
+    code = ("import os, sys, time\n"
+            f"for pause, line in {lines!r}:\n"
+            "    time.sleep(pause)\n"
+            "    os.write(int(sys.argv[1]), line.encode())\n"
+            f"time.sleep({exit_after_s})\n")
+    read_fd, write_fd = os.pipe()
+    child = subprocess.Popen([sys.executable, "-c", code, str(write_fd)], pass_fds=(write_fd,),
+                             start_new_session=True)
+    os.close(write_fd)
+    try:
+        results = runner._collect(child, read_fd, {c.id: c for c in checks}, os.devnull)
+    finally:
+        os.close(read_fd)
+    return [(r.id, r.verdict, r.detail) for r in results], runner.import_problem
+
+
+def test_a_child_slow_to_exit_after_its_checks_keeps_their_results():
+    """A check's time limit ends with its result: a child whose exit (the
+    backend's teardown) outlasts what was left of that limit is neither a
+    timed-out check nor a failed import (the toy backend's last check of an
+    area once made the kit report every later area as not imported)."""
+    from torch_openreg.conformance import _api
+
+    checks = list(_api.registered().values())[:2]
+    events = [(0, {"event": "ready", "device_count": 1})]
+    for check in checks:
+        events += [(0, {"event": "start", "id": check.id}),
+                   (0.5, {"event": "result", "id": check.id, "verdict": "pass", "detail": "", "seconds": 0.5})]
+    results, problem = _collect_from(checks, events, exit_after_s=2.0, timeout_s=1.0)
+    assert problem is None
+    assert results == [(c.id, "pass", "") for c in checks]
+    # A check that does run past its limit is still a timeout.
+    results, problem = _collect_from(checks, events[:2], exit_after_s=5.0, timeout_s=1.0)
+    assert problem is None
+    assert [r[:2] for r in results] == [(checks[0].id, "fail")] and "timed out after 1 s" in results[0][2]
+
+
 # ------------------------------------------------------------ the toy backend
 
 # Each contract examples/toy_backend breaks, and how the kit must see it.

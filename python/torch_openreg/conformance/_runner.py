@@ -36,6 +36,9 @@ DEVICE_VARIABLE = "TORCH_OPENREG_CONFORMANCE_DEVICE"
 _STDERR_TAIL_LINES = 3
 # A child's import of the backend (which may JIT-build it) until it reports "ready".
 IMPORT_TIMEOUT_S = 300.0
+# From a check's result to the next check's start, or to the child's exit
+# (which runs the backend's own teardown).
+BETWEEN_CHECKS_S = 60.0
 
 
 @dataclass
@@ -157,7 +160,7 @@ class Runner:
     def _run_child(self, checks: list[_api.Check]) -> list[Result]:
         """Runs `checks` in one child until it finishes them, dies or hangs;
         returns the results of the checks it got to (at least one, unless
-        the backend failed to import)."""
+        the backend failed to import or the child started no check)."""
         by_id = {c.id: c for c in checks}
         read_fd, write_fd = os.pipe()
         command = [sys.executable, "-m", "torch_openreg.conformance._child", "--device", self.options.device,
@@ -181,15 +184,21 @@ class Runner:
         current: _api.Check | None = None
         current_started = 0.0
         # Until "ready", the child is importing the backend (which may build it).
+        ready = False
         deadline = time.monotonic() + IMPORT_TIMEOUT_S
         while True:
             wait = max(0.0, deadline - time.monotonic())
             readable, _, _ = select.select([fd], [], [], wait)
-            if not readable:  # the current check, or the import, ran past its time
+            if not readable:  # the import, a check, or the time between checks ran past its limit
                 os.killpg(child.pid, signal.SIGKILL)
                 child.wait()
-                if current is None:
+                if not ready:
                     self.import_problem = f"importing the backend took more than {IMPORT_TIMEOUT_S:.0f} s"
+                    return results
+                if current is None:
+                    if not results:
+                        self.import_problem = f"the child process started no check within {BETWEEN_CHECKS_S:.0f} s"
+                    # Otherwise the checks that did not start run in the next child.
                     return results
                 results.append(self._result(current, _api.FAIL,
                                             f"timed out after {self._timeout(current):.0f} s (the process was killed)",
@@ -214,6 +223,8 @@ class Runner:
                 if kind == "import_failed":
                     self.import_problem = event["detail"]
                 elif kind == "ready":
+                    ready = True
+                    deadline = time.monotonic() + BETWEEN_CHECKS_S
                     if self.device_count is None:
                         self.device_count = event["device_count"]
                 elif kind == "start":
@@ -224,6 +235,7 @@ class Runner:
                 elif kind == "result":
                     results.append(self._result(current, event["verdict"], event["detail"], event["seconds"]))
                     current = None
+                    deadline = time.monotonic() + BETWEEN_CHECKS_S
 
     def _timeout(self, check: _api.Check) -> float:
         if self.options.timeout_s is not None:
