@@ -57,6 +57,8 @@ x = torch.randn(1024, 1024)
 img = torch.randn(16, 3, 32, 32)
 conv = torch.nn.Conv2d(3, 8, 3)
 maps = torch.randn(32, 8, 28, 28)
+# The small CNN's second pooling: 100K elements, split by its work (8 per element).
+pool_maps = torch.randn(32, 16, 14, 14)
 dev = lambda t: t.to("openreg")
 outs = {}
 def run(route):
@@ -83,6 +85,11 @@ def run(route):
     mean, var = torch.zeros(8, device="openreg"), torch.ones(8, device="openreg")
     outs[route + " batch_norm"] = torch.nn.functional.batch_norm(dev(maps), mean, var, training=True)
     outs[route + " batch_norm running_var"] = var
+    p = dev(pool_maps).requires_grad_()
+    pooled, indices = torch.nn.functional.max_pool2d(p, 2, return_indices=True)
+    pooled.square().sum().backward()
+    outs[route + " max_pool2d"], outs[route + " max_pool2d indices"] = pooled, indices
+    outs[route + " max_pool2d grad"] = p.grad
     torch.openreg.synchronize()
 run("inline")
 run("queued")
@@ -121,6 +128,9 @@ def test_large_split_kernels_equal_cpu():
     img = torch.randn(16, 3, 32, 32)
     conv = torch.nn.Conv2d(3, 8, 3)
     maps = torch.randn(32, 8, 28, 28)
+    p = torch.randn(32, 16, 14, 14).requires_grad_()
+    pooled, indices = F.max_pool2d(p, 2, return_indices=True)
+    pooled.square().sum().backward()
     var = torch.ones(8)
     normalized = F.batch_norm(maps, torch.zeros(8), var, training=True)
     i = img.clone().requires_grad_()
@@ -131,6 +141,7 @@ def test_large_split_kernels_equal_cpu():
         "layer_norm": F.layer_norm(x, (1024,)), "copy": x.T.contiguous(), "fill": torch.full((2048, 1024), 0.5),
         "conv": y, "conv grad_input": i.grad, "conv grad_weight": conv.weight.grad,
         "batch_norm": normalized, "batch_norm running_var": var,
+        "max_pool2d": pooled, "max_pool2d indices": indices, "max_pool2d grad": p.grad,
     }
     for op, value in want.items():
         # Sums (the weight gradient, thousands) round in another order than
