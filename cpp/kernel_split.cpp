@@ -1,5 +1,6 @@
 #include "torch_openreg/cpp/kernel_split.h"
 
+#include <algorithm>
 #include <exception>
 #include <vector>
 
@@ -111,6 +112,8 @@ constexpr int64_t kNormWorkPerElement = 4;
 // A 2-D pooling's input elements: 2x2 max pooling of 200K elements took as
 // long as an add of 2.6M (single-threaded, with its indices).
 constexpr int64_t kPoolWorkPerElement = 8;
+// The most work any rule below counts per element of its largest operand.
+constexpr int64_t kHeaviestWorkPerElement = std::max(kNormWorkPerElement, kPoolWorkPerElement);
 // Each chunk of a matrix product packs the whole right matrix again: fewer
 // rows than this cost more than two threads gain (1024x1024 on 2 cores:
 // 16-row chunks ran 1.5-3x slower than 256-row ones, which match MKL's own
@@ -169,11 +172,13 @@ int64_t wrapped(int64_t dim, int64_t dims) {
 CallSplit::CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, int64_t largest_operand) {
   // The common case, decided cheaply (every fallback call asks): a call
   // none of whose operands has a chunk's work even at the heaviest weight
-  // per element (pooling's) is not split. (A matrix product below this
-  // bound has less than two chunks' multiply-adds too.) Comparing bare
-  // elements instead left a 2x2 max pooling of 100K elements (800K of work)
-  // whole: 3-5x CPU's time.
-  if (largest_operand * kPoolWorkPerElement < split_elements()) {
+  // per element is not split. Comparing bare elements instead left a 2x2
+  // max pooling of 100K elements (800K of work) whole: 3-5x CPU's time.
+  // A matrix product of largest operand L has at most L^1.5 multiply-adds,
+  // under two chunks' work below this bound while L < 262144 (a chunk of
+  // up to 2M elements); with larger chunks, some products that could split
+  // stay whole (the decision still depends on shapes alone).
+  if (largest_operand * kHeaviestWorkPerElement < split_elements()) {
     return;
   }
   const std::string& name = op.operator_name().name;
