@@ -58,9 +58,8 @@ RowRanges::RowRanges(int64_t rows, int64_t work, int64_t min_rows) : rows_(rows)
 }
 
 at::Tensor RowRanges::narrow(const at::Tensor& t, int64_t dim, size_t i) const {
-  // Range i is rows [i * rows / count, (i + 1) * rows / count).
-  const int64_t begin = static_cast<int64_t>(i) * rows_ / count_;
-  const int64_t end = (static_cast<int64_t>(i) + 1) * rows_ / count_;
+  const int64_t begin = this->begin(i);
+  const int64_t end = this->end(i);
   if (!t.is_cpu() || t.layout() != c10::kStrided || t.is_quantized() || t.is_nested() || t.is_mkldnn()) {
     return t.narrow(dim, begin, end - begin);
   }
@@ -104,21 +103,30 @@ at::Tensor PointwiseSplit::part(const at::Tensor& t, size_t i) const {
 
 namespace {
 
-// A matrix product's multiply-adds count as 1/32 element of pointwise work;
-// a softmax's or a norm's elements as 4 (measured against an add's); a
-// convolution's: see batch_ranges in convolution.cpp.
-constexpr int64_t kMultiplyAddsPerElement = 32;
+// A matrix product's multiply-adds count as 1/8 element of pointwise work
+// (single-threaded, 64x256 by 256x256 took 105 us, an add of 200K
+// elements 32 us); a softmax's or a norm's elements as 4 (measured against
+// an add's); a convolution's: see batch_ranges in convolution.cpp.
+constexpr int64_t kMultiplyAddsPerElement = 8;
 constexpr int64_t kNormWorkPerElement = 4;
 // A 2-D pooling's input elements: 2x2 max pooling of 200K elements took as
 // long as an add of 2.6M (single-threaded, with its indices).
 constexpr int64_t kPoolWorkPerElement = 8;
 // The most work any rule below counts per element of its largest operand.
 constexpr int64_t kHeaviestWorkPerElement = std::max(kNormWorkPerElement, kPoolWorkPerElement);
-// Each chunk of a matrix product packs the whole right matrix again: fewer
-// rows than this cost more than two threads gain (1024x1024 on 2 cores:
-// 16-row chunks ran 1.5-3x slower than 256-row ones, which match MKL's own
-// two threads).
+// Each chunk of a matrix product packs the whole right matrix again, and
+// a product of few rows runs slower per row (single-threaded, K = N = 256:
+// 32 rows cost 1.15x a row of 1024, 16 rows 1.35x, 8 rows 1.75x). So a
+// chunk has at least half the rows when they are fewer than 512, and at
+// least 256 above (1024x1024 on 2 cores: 16-row chunks ran 1.5-3x slower
+// than 256-row ones, which match MKL's own two threads), and never fewer
+// than 32.
 constexpr int64_t kMatrixRowsPerChunk = 256;
+constexpr int64_t kFewestMatrixRowsPerChunk = 32;
+
+int64_t matrix_rows_per_chunk(int64_t rows) {
+  return std::clamp<int64_t>(rows / 2, kFewestMatrixRowsPerChunk, kMatrixRowsPerChunk);
+}
 
 bool has_generator(const c10::FunctionSchema& schema) {
   for (const c10::Argument& argument : schema.arguments()) {
@@ -175,9 +183,9 @@ CallSplit::CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> a
   // per element is not split. Comparing bare elements instead left a 2x2
   // max pooling of 100K elements (800K of work) whole: 3-5x CPU's time.
   // A matrix product of largest operand L has at most L^1.5 multiply-adds,
-  // under two chunks' work below this bound while L < 262144 (a chunk of
-  // up to 2M elements); with larger chunks, some products that could split
-  // stay whole (the decision still depends on shapes alone).
+  // under two chunks' work below this bound while a chunk is at most 131072
+  // elements (the default); with larger chunks, some products that could
+  // split stay whole (the decision still depends on shapes alone).
   if (largest_operand * kHeaviestWorkPerElement < split_elements()) {
     return;
   }
@@ -235,7 +243,7 @@ CallSplit::CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> a
     }
     const int64_t rows = left.size(0);
     const int64_t multiply_adds = left.numel() * right.size(dims - 1);
-    ranges_ = RowRanges(rows, multiply_adds / kMultiplyAddsPerElement, batched ? 1 : kMatrixRowsPerChunk);
+    ranges_ = RowRanges(rows, multiply_adds / kMultiplyAddsPerElement, batched ? 1 : matrix_rows_per_chunk(rows));
     argument_dims_.assign(tensors.size(), 0); // out= has the result's rows
     if (!batched) {
       argument_dims_[bias ? 2 : 1] = -1; // every row takes the whole right matrix

@@ -61,6 +61,13 @@ class RowRanges {
   int64_t rows() const {
     return rows_;
   }
+  // Range i: rows [begin(i), end(i)).
+  int64_t begin(size_t i) const {
+    return static_cast<int64_t>(i) * rows_ / count_;
+  }
+  int64_t end(size_t i) const {
+    return begin(i + 1);
+  }
   // Range i of `t`'s dimension `dim` (which has rows() rows).
   at::Tensor narrow(const at::Tensor& t, int64_t dim, size_t i) const;
 

@@ -57,6 +57,8 @@ x = torch.randn(1024, 1024)
 img = torch.randn(16, 3, 32, 32)
 conv = torch.nn.Conv2d(3, 8, 3)
 maps = torch.randn(32, 8, 28, 28)
+bn_weight, bn_bias = torch.randn(8), torch.randn(8)
+bn_probe = torch.randn(32, 8, 28, 28)  # the loss's weights: a well-conditioned gradient
 # The small CNN's second pooling: 100K elements, split by its work (8 per element).
 pool_maps = torch.randn(32, 16, 14, 14)
 dev = lambda t: t.to("openreg")
@@ -68,6 +70,8 @@ def run(route):
     outs[route + " add"] = d + d.T
     outs[route + " sin"] = d.sin()
     outs[route + " mm"] = d @ d
+    # 64 rows: two chunks of 32 (the fewest rows a matrix chunk has).
+    outs[route + " mm 64 rows"] = d[:64, :256] @ d[:256, :256]
     outs[route + " softmax"] = d.softmax(-1)
     outs[route + " sum"] = d.sum(1)
     outs[route + " layer_norm"] = torch.nn.functional.layer_norm(d, (1024,))
@@ -83,8 +87,13 @@ def run(route):
     outs[route + " conv grad_weight"] = c.weight.grad
     c.weight.grad = None
     mean, var = torch.zeros(8, device="openreg"), torch.ones(8, device="openreg")
-    outs[route + " batch_norm"] = torch.nn.functional.batch_norm(dev(maps), mean, var, training=True)
-    outs[route + " batch_norm running_var"] = var
+    m, w, b = (dev(t).requires_grad_() for t in (maps, bn_weight, bn_bias))
+    normalized = torch.nn.functional.batch_norm(m, mean, var, w, b, training=True)
+    (normalized * dev(bn_probe)).sum().backward()
+    outs[route + " batch_norm"] = normalized
+    outs[route + " batch_norm running_mean"], outs[route + " batch_norm running_var"] = mean, var
+    outs[route + " batch_norm grad_input"] = m.grad
+    outs[route + " batch_norm grad_weight"], outs[route + " batch_norm grad_bias"] = w.grad, b.grad
     p = dev(pool_maps).requires_grad_()
     pooled, indices = torch.nn.functional.max_pool2d(p, 2, return_indices=True)
     pooled.square().sum().backward()
@@ -127,20 +136,24 @@ def test_large_split_kernels_equal_cpu():
     x = torch.randn(1024, 1024)
     img = torch.randn(16, 3, 32, 32)
     conv = torch.nn.Conv2d(3, 8, 3)
-    maps = torch.randn(32, 8, 28, 28)
+    maps = torch.randn(32, 8, 28, 28).requires_grad_()
+    bn_weight, bn_bias = torch.randn(8).requires_grad_(), torch.randn(8).requires_grad_()
+    bn_probe = torch.randn(32, 8, 28, 28)
     p = torch.randn(32, 16, 14, 14).requires_grad_()
     pooled, indices = F.max_pool2d(p, 2, return_indices=True)
     pooled.square().sum().backward()
-    var = torch.ones(8)
-    normalized = F.batch_norm(maps, torch.zeros(8), var, training=True)
+    mean, var = torch.zeros(8), torch.ones(8)
+    normalized = F.batch_norm(maps, mean, var, bn_weight, bn_bias, training=True)
+    (normalized * bn_probe).sum().backward()
     i = img.clone().requires_grad_()
     y = conv(i)
     y.square().sum().backward()
     want = {
-        "add": x + x.T, "sin": x.sin(), "mm": x @ x, "softmax": x.softmax(-1), "sum": x.sum(1),
+        "add": x + x.T, "sin": x.sin(), "mm": x @ x, "mm 64 rows": x[:64, :256] @ x[:256, :256], "softmax": x.softmax(-1), "sum": x.sum(1),
         "layer_norm": F.layer_norm(x, (1024,)), "copy": x.T.contiguous(), "fill": torch.full((2048, 1024), 0.5),
         "conv": y, "conv grad_input": i.grad, "conv grad_weight": conv.weight.grad,
-        "batch_norm": normalized, "batch_norm running_var": var,
+        "batch_norm": normalized, "batch_norm running_mean": mean, "batch_norm running_var": var,
+        "batch_norm grad_input": maps.grad, "batch_norm grad_weight": bn_weight.grad, "batch_norm grad_bias": bn_bias.grad,
         "max_pool2d": pooled, "max_pool2d indices": indices, "max_pool2d grad": p.grad,
     }
     for op, value in want.items():
