@@ -468,14 +468,17 @@ ResultMemory result_memory(c10::ArrayRef<c10::IValue> arguments, const torch::ji
 }
 
 // Note [Out variants]: a queued functional op whose results are all new
-// memory computes straight into them through its out= overload (relu ->
-// relu.out), when it has one taking the same arguments and one out= tensor
-// per result, instead of computing fresh CPU tensors and copying them
-// (a result's copy is as much memory traffic as the op itself). Only ops
-// whose out= kernels are TensorIterator or structured kernels that write
-// the planned geometry as it is: pointwise ops, matrix products, softmax
-// and the inner reductions (a loss function's out= kernel resizes its out=
-// tensor, and warns doing so); and only with a checked plan.
+// memory computes straight into them through its out= overload (sin ->
+// sin.out, threshold_backward -> threshold_backward.grad_input), when it
+// has one taking the same arguments and one out= tensor per result, instead
+// of computing fresh CPU tensors and copying them (a result's copy is as
+// much memory traffic as the op itself). Only ops whose out= kernels are
+// TensorIterator or structured kernels that write the planned geometry as
+// it is: pointwise ops, matrix products, softmax and the inner reductions
+// (a loss function's out= kernel resizes its out= tensor, and warns doing
+// so); and only with a checked plan. relu has an out= overload without a
+// CPU kernel: it computes through clamp_min.out(self, 0), which is how
+// ATen writes relu (after refusing bool, which a checked plan has not).
 bool out_variant_writes_in_place(const c10::OperatorHandle& op) {
   static const std::unordered_set<std::string> kOps{
       "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_softmax", "aten::_log_softmax",
@@ -483,6 +486,21 @@ bool out_variant_writes_in_place(const c10::OperatorHandle& op) {
       "aten::amax", "aten::amin"};
   return op.hasTag(at::Tag::pointwise) || kOps.count(op.operator_name().name) > 0;
 }
+
+// The out= kernel a functional op computes through.
+struct OutVariant {
+  c10::OperatorHandle op;
+  // Arguments the out= op takes after the functional op's first one, before
+  // the rest (clamp_min's min, for relu).
+  std::vector<c10::IValue> inserted;
+
+  // The out= op's stack: `arguments`, `inserted` after the first, `outs`.
+  torch::jit::Stack stack(torch::jit::Stack arguments, const torch::jit::Stack& outs) const {
+    arguments.insert(arguments.begin() + 1, inserted.begin(), inserted.end());
+    arguments.insert(arguments.end(), outs.begin(), outs.end());
+    return arguments;
+  }
+};
 
 // Whether `out` takes `functional`'s arguments, then one out= tensor per
 // result.
@@ -504,14 +522,7 @@ bool out_variant_of(const c10::FunctionSchema& functional, const c10::FunctionSc
   return true;
 }
 
-std::optional<c10::OperatorHandle> out_variant(const c10::OperatorHandle& op) {
-  static std::mutex mutex;
-  static auto* found = new std::unordered_map<const c10::FunctionSchema*, std::optional<c10::OperatorHandle>>();
-  std::lock_guard<std::mutex> lock(mutex);
-  auto [it, inserted] = found->try_emplace(&op.schema());
-  if (!inserted) {
-    return it->second;
-  }
+std::optional<OutVariant> find_out_variant(const c10::OperatorHandle& op) {
   const c10::FunctionSchema& schema = op.schema();
   if (!out_variant_writes_in_place(op) || schema.is_mutable() || schema.returns().empty()) {
     return std::nullopt;
@@ -521,19 +532,33 @@ std::optional<c10::OperatorHandle> out_variant(const c10::OperatorHandle& op) {
       return std::nullopt;
     }
   }
+  if (op.operator_name() == c10::OperatorName("aten::relu", "")) {
+    return OutVariant{c10::Dispatcher::singleton().findSchemaOrThrow("aten::clamp_min", "out"), {c10::Scalar(0)}};
+  }
   // The codegen's names are irregular (add.Tensor -> add.out, add.Scalar ->
-  // add.Scalar_out, sum.dim_IntList -> sum.IntList_out): candidates are
-  // checked by their arguments.
+  // add.Scalar_out, sum.dim_IntList -> sum.IntList_out, threshold_backward
+  // -> threshold_backward.grad_input): candidates are checked by their
+  // arguments.
   const std::string& overload = schema.overload_name();
   for (const std::string& name : {overload.empty() ? std::string("out") : overload + "_out", std::string("out"),
-                                  std::string("IntList_out")}) {
+                                  std::string("IntList_out"), std::string("grad_input")}) {
     auto out = c10::Dispatcher::singleton().findOp({schema.name(), name});
     if (out && out->hasKernelForDispatchKey(c10::DispatchKey::CPU) && out_variant_of(schema, out->schema())) {
-      it->second = *out;
-      return it->second;
+      return OutVariant{*out, {}};
     }
   }
   return std::nullopt;
+}
+
+std::optional<OutVariant> out_variant(const c10::OperatorHandle& op) {
+  static std::mutex mutex;
+  static auto* found = new std::unordered_map<const c10::FunctionSchema*, std::optional<OutVariant>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, inserted] = found->try_emplace(&op.schema());
+  if (inserted) {
+    it->second = find_out_variant(op);
+  }
+  return it->second;
 }
 
 // Note [Plans checked by the kernel]: a plan not yet checked (route 2 of
@@ -550,13 +575,13 @@ std::optional<c10::OperatorHandle> out_variant(const c10::OperatorHandle& op) {
 class QueuedKernel {
  public:
   QueuedKernel(c10::OperatorHandle op, torch::jit::Stack arguments, torch::jit::Stack destinations, CallSplit split,
-               std::shared_ptr<PlanToCheck> check, std::optional<c10::OperatorHandle> out_op)
+               std::shared_ptr<PlanToCheck> check, std::optional<OutVariant> out_variant)
       : op_(std::move(op)),
         arguments_(std::move(arguments)),
         destinations_(std::move(destinations)),
         split_(std::move(split)),
         check_(std::move(check)),
-        out_op_(std::move(out_op)) {}
+        out_variant_(std::move(out_variant)) {}
 
   void operator()() const {
     if (!check_) {
@@ -585,15 +610,15 @@ class QueuedKernel {
   // a plan to check, checks it first and settles it (`warnings`: what the
   // kernel raised so far). False if the plan did not match.
   bool compute(const CollectedWarnings* warnings) const {
-    if (out_op_) { // Note [Out variants]
+    if (out_variant_) { // Note [Out variants]
       run_chunks(split_.chunks(), [&](size_t i) {
-        torch::jit::Stack stack = split_.split() ? split_.arguments_part(arguments_, i) : arguments_;
         const torch::jit::Stack outs = split_.split() ? split_.results_part(destinations_, i) : destinations_;
-        stack.insert(stack.end(), outs.begin(), outs.end());
-        out_op_->redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+        torch::jit::Stack stack = out_variant_->stack(
+            split_.split() ? split_.arguments_part(arguments_, i) : arguments_, outs);
+        out_variant_->op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
         for (size_t r = 0; r < outs.size(); ++r) {
           TORCH_CHECK(stack.at(r).toTensor().data_ptr() == outs[r].toTensor().data_ptr(), "openreg fallback: ",
-                      out_op_->operator_name(), " moved its out= tensor (Note [Out variants])");
+                      out_variant_->op.operator_name(), " moved its out= tensor (Note [Out variants])");
         }
       });
       return true;
@@ -624,7 +649,7 @@ class QueuedKernel {
   torch::jit::Stack destinations_;
   CallSplit split_;
   std::shared_ptr<PlanToCheck> check_;
-  std::optional<c10::OperatorHandle> out_op_; // Note [Out variants]
+  std::optional<OutVariant> out_variant_; // Note [Out variants]
 };
 
 // Route 2 (see the Note) with the planned results; `check`: the plan's
@@ -652,12 +677,12 @@ void queue_with_planned_results(
       for_each_tensor(value, [&](const at::Tensor& t) { info.add(t, true); });
       map_tensors(value, [](const at::Tensor& t) { return kernel_operand(t); });
     }
-    std::optional<c10::OperatorHandle> out_op =
+    std::optional<OutVariant> out =
         check || !memory.all_new ? std::nullopt : out_variant(call.op);
     queue_kernel(
         device.index(),
         QueuedKernel(call.op, std::move(arguments), std::move(destinations), std::move(split), std::move(check),
-                     std::move(out_op)),
+                     std::move(out)),
         ffi::LaunchMode::Queue, std::move(info));
   }
   call.stack.erase(call.stack.begin() + call.first_arg, call.stack.end());
