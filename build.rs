@@ -80,6 +80,7 @@ fn main() {
         "cpp/meta_kernels.cpp",
         "cpp/convolution.cpp",
         "cpp/batch_norm.cpp",
+        "cpp/max_pool.cpp",
         "cpp/elementwise.cpp",
         "cpp/generator.cpp",
         "cpp/random.cpp",

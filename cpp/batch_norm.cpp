@@ -38,7 +38,8 @@ namespace openreg {
 namespace {
 
 // An element normalized in training counts as this many of an add's
-// (single-threaded, 200K elements in 8 channels: forward TBD).
+// (single-threaded, 200K elements in 8 channels: forward 0.116 ms,
+// backward 0.128 ms, an add 0.038 ms).
 constexpr int64_t kBatchNormWorkPerElement = 4;
 
 using Optional = std::optional<at::Tensor>;

@@ -21,8 +21,10 @@
 //  - convolution: the batch (its backward too: grad_input by batch, and the
 //    weight and bias gradients, sums over the batch, as one share per range
 //    of the batch, added in range order); 2-D pooling: the batch (or the
-//    channels of an unbatched input);
-//  - batch norm in training: the channels (cpp/batch_norm.cpp).
+//    channels of an unbatched input); 2-D max pooling of float/double, by
+//    openreg's own loop: planes (cpp/max_pool.cpp);
+//  - batch norm in training, forward and backward, by openreg's own loops:
+//    the channels (cpp/batch_norm.cpp).
 // Ops drawing random numbers are never split (their draws are laid out for
 // the whole tensor).
 #pragma once

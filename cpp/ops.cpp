@@ -30,6 +30,7 @@ void register_quantized_fallback(torch::Library& fallback, torch::Library& quant
 void register_fallback_kernels(KernelRegistrar& kernels);
 void register_convolution(KernelRegistrar& kernels);
 void register_batch_norm(KernelRegistrar& kernels);
+void register_max_pool(KernelRegistrar& kernels);
 void register_elementwise(KernelRegistrar& kernels);
 void register_random(KernelRegistrar& kernels);
 void register_attention(KernelRegistrar& kernels);
@@ -278,6 +279,7 @@ void register_ops() {
   kernels->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   register_convolution(*kernels);
   register_batch_norm(*kernels);
+  register_max_pool(*kernels);
   register_elementwise(*kernels);
   register_random(*kernels);
   register_attention(*kernels);
