@@ -17,7 +17,7 @@ struct DtypeRule {
   c10::ScalarType compute;
 };
 
-inline constexpr std::array<DtypeRule, 148> kDtypeRules{{
+inline constexpr std::array<DtypeRule, 153> kDtypeRules{{
     // CUDA computes ComplexHalf: fft.fft, fft.fft2, fft.fftn, fft.hfft2, ...
     {"aten::_fft_c2c", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: fft.hfft, fft.hfft2, fft.hfftn, fft.irfft, ...
@@ -190,6 +190,16 @@ inline constexpr std::array<DtypeRule, 148> kDtypeRules{{
     {"aten::log.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: logaddexp
     {"aten::logaddexp.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA refuses Byte: nn.functional.max_pool2d
+    {"aten::max_pool2d_with_indices", c10::ScalarType::Byte, c10::ScalarType::Undefined},
+    // CUDA refuses Char: nn.functional.max_pool2d
+    {"aten::max_pool2d_with_indices", c10::ScalarType::Char, c10::ScalarType::Undefined},
+    // CUDA refuses Int: nn.functional.max_pool2d
+    {"aten::max_pool2d_with_indices", c10::ScalarType::Int, c10::ScalarType::Undefined},
+    // CUDA refuses Long: nn.functional.max_pool2d
+    {"aten::max_pool2d_with_indices", c10::ScalarType::Long, c10::ScalarType::Undefined},
+    // CUDA refuses Short: nn.functional.max_pool2d
+    {"aten::max_pool2d_with_indices", c10::ScalarType::Short, c10::ScalarType::Undefined},
     // CUDA refuses Byte: nn.functional.max_pool2d
     {"aten::max_pool2d_with_indices.out", c10::ScalarType::Byte, c10::ScalarType::Undefined},
     // CUDA refuses Char: nn.functional.max_pool2d
