@@ -4,8 +4,9 @@
   python3 benches/bench_step_breakdown.py            # 5 rounds
   python3 benches/bench_step_breakdown.py --rounds 9
 
-Two tables, each the median of the rounds, every round in fresh processes
-(CPU first, then openreg):
+Two tables, each the median of the rounds; a round is a fresh CPU process
+followed by a fresh openreg process, so the two alternate and share the
+machine's drifts:
 
 1. Per step of the MLP, small CNN and transformer steps of run_all.py: the
    wall time, and the CPU time each kind of thread spent, read from the
@@ -145,6 +146,16 @@ def medians(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys}
 
 
+def alternated(what: str, rounds: int) -> dict[str, dict[str, float]]:
+    """Per device, the medians of `what` over `rounds` rounds of a CPU child
+    then an openreg child."""
+    rows: dict[str, list[dict[str, float]]] = {"cpu": [], "openreg": []}
+    for _ in range(rounds):
+        for device, measured in rows.items():
+            measured.append(run_child(what, device))
+    return {device: medians(measured) for device, measured in rows.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
@@ -154,17 +165,16 @@ def main() -> None:
         child(*args.child)
         return
     kinds = ["host", "stream workers", "kernel pool", "other"]
-    print(f"Per step, us (median of {args.rounds} rounds, fresh processes, CPU first)")
+    print(f"Per step, us (median of {args.rounds} rounds of a CPU then an openreg process)")
     print(f"{'step':12} {'device':8} {'wall':>8} " + " ".join(f"{k:>15}" for k in kinds) + f" {'cores':>6}")
     for model in STEPS:
-        for device in ("cpu", "openreg"):
-            m = medians([run_child(model, device) for _ in range(args.rounds)])
+        for device, m in alternated(model, args.rounds).items():
             busy = sum(m.get(k, 0.0) for k in kinds)
             print(f"{model:12} {device:8} {m['wall']:8.0f} "
                   + " ".join(f"{m.get(k, 0.0):15.0f}" for k in kinds) + f" {busy / m['wall']:6.2f}")
     print(f"\nHost time per call, us (median of {args.rounds} rounds; openreg: queued behind a busy stream)")
-    cpu = medians([run_child("ops", "cpu") for _ in range(args.rounds)])
-    dev = medians([run_child("ops", "openreg") for _ in range(args.rounds)])
+    per_device = alternated("ops", args.rounds)
+    cpu, dev = per_device["cpu"], per_device["openreg"]
     print(f"{'op':22} {'CPU call':>9} {'openreg host':>13} {'ratio':>6}")
     for name in cpu:
         print(f"{name:22} {cpu[name]:9.2f} {dev[name]:13.2f} {dev[name] / cpu[name]:6.2f}")
