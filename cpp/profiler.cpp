@@ -130,15 +130,20 @@ class ActivityProfiler final : public libkineto::IActivityProfiler {
     return activities_;
   }
 
+  // A session only when device activity is asked for (CONCURRENT_KERNEL:
+  // ProfilerActivity.PrivateUse1). PyTorch asks for PRIVATEUSE1_RUNTIME with
+  // every CPU profile, as it asks for CUDA_RUNTIME (runtime calls are CPU
+  // work), the legacy use_device="openreg" profile included; a session there
+  // would add the kernels to the device time that profile already measures
+  // with device events (Note [Legacy profiler device timing]), counting it
+  // twice.
   std::unique_ptr<libkineto::IActivityProfilerSession> configure(
       const std::set<libkineto::ActivityType>& activity_types,
       const libkineto::Config& /*config*/) override {
-    for (libkineto::ActivityType type : activity_types) {
-      if (activities_.count(type)) {
-        return std::make_unique<Session>();
-      }
+    if (activity_types.count(libkineto::ActivityType::CONCURRENT_KERNEL)) {
+      return std::make_unique<Session>();
     }
-    return nullptr; // no openreg activity asked for
+    return nullptr;
   }
 
   std::unique_ptr<libkineto::IActivityProfilerSession> configure(
