@@ -17,7 +17,7 @@ struct DtypeRule {
   c10::ScalarType compute;
 };
 
-inline constexpr std::array<DtypeRule, 153> kDtypeRules{{
+inline constexpr std::array<DtypeRule, 232> kDtypeRules{{
     // CUDA computes ComplexHalf: fft.fft, fft.fft2, fft.fftn, fft.hfft2, ...
     {"aten::_fft_c2c", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: fft.hfft, fft.hfft2, fft.hfftn, fft.irfft, ...
@@ -39,11 +39,21 @@ inline constexpr std::array<DtypeRule, 153> kDtypeRules{{
     // CUDA refuses Float: histogramdd
     {"aten::_histogramdd_from_bin_tensors", c10::ScalarType::Float, c10::ScalarType::Undefined},
     // CUDA computes BFloat16: _upsample_bilinear2d_aa
+    {"aten::_upsample_bilinear2d_aa", c10::ScalarType::BFloat16, c10::ScalarType::Float},
+    // CUDA refuses Byte: _upsample_bilinear2d_aa
+    {"aten::_upsample_bilinear2d_aa", c10::ScalarType::Byte, c10::ScalarType::Undefined},
+    // CUDA computes Half: _upsample_bilinear2d_aa
+    {"aten::_upsample_bilinear2d_aa", c10::ScalarType::Half, c10::ScalarType::Float},
+    // CUDA computes BFloat16: _upsample_bilinear2d_aa
     {"aten::_upsample_bilinear2d_aa.out", c10::ScalarType::BFloat16, c10::ScalarType::Float},
     // CUDA refuses Byte: _upsample_bilinear2d_aa
     {"aten::_upsample_bilinear2d_aa.out", c10::ScalarType::Byte, c10::ScalarType::Undefined},
     // CUDA computes Half: _upsample_bilinear2d_aa
     {"aten::_upsample_bilinear2d_aa.out", c10::ScalarType::Half, c10::ScalarType::Float},
+    // CUDA computes BFloat16: _upsample_bilinear2d_aa
+    {"aten::_upsample_bilinear2d_aa_backward", c10::ScalarType::BFloat16, c10::ScalarType::Float},
+    // CUDA computes Half: _upsample_bilinear2d_aa
+    {"aten::_upsample_bilinear2d_aa_backward", c10::ScalarType::Half, c10::ScalarType::Float},
     // CUDA computes BFloat16: _upsample_bilinear2d_aa
     {"aten::_upsample_bilinear2d_aa_backward.grad_input", c10::ScalarType::BFloat16, c10::ScalarType::Float},
     // CUDA computes Half: _upsample_bilinear2d_aa
@@ -51,7 +61,11 @@ inline constexpr std::array<DtypeRule, 153> kDtypeRules{{
     // CUDA computes Bool: abs, nn.functional.softsign
     {"aten::abs.out", c10::ScalarType::Bool, c10::ScalarType::Byte},
     // CUDA computes ComplexHalf: acos
+    {"aten::acos", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: acos
     {"aten::acos.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: acosh
+    {"aten::acosh", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: acosh
     {"aten::acosh.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA refuses Byte: addbmm
@@ -65,6 +79,16 @@ inline constexpr std::array<DtypeRule, 153> kDtypeRules{{
     // CUDA refuses Short: addbmm
     {"aten::addbmm", c10::ScalarType::Short, c10::ScalarType::Undefined},
     // CUDA refuses Byte: addmm, addmm.decomposed, nn.functional.linear
+    {"aten::addmm", c10::ScalarType::Byte, c10::ScalarType::Undefined},
+    // CUDA refuses Char: addmm, addmm.decomposed, nn.functional.linear
+    {"aten::addmm", c10::ScalarType::Char, c10::ScalarType::Undefined},
+    // CUDA refuses Int: addmm, addmm.decomposed, nn.functional.linear
+    {"aten::addmm", c10::ScalarType::Int, c10::ScalarType::Undefined},
+    // CUDA refuses Long: addmm, addmm.decomposed, nn.functional.linear
+    {"aten::addmm", c10::ScalarType::Long, c10::ScalarType::Undefined},
+    // CUDA refuses Short: addmm, addmm.decomposed, nn.functional.linear
+    {"aten::addmm", c10::ScalarType::Short, c10::ScalarType::Undefined},
+    // CUDA refuses Byte: addmm, addmm.decomposed, nn.functional.linear
     {"aten::addmm.out", c10::ScalarType::Byte, c10::ScalarType::Undefined},
     // CUDA refuses Char: addmm, addmm.decomposed, nn.functional.linear
     {"aten::addmm.out", c10::ScalarType::Char, c10::ScalarType::Undefined},
@@ -74,28 +98,54 @@ inline constexpr std::array<DtypeRule, 153> kDtypeRules{{
     {"aten::addmm.out", c10::ScalarType::Long, c10::ScalarType::Undefined},
     // CUDA refuses Short: addmm, addmm.decomposed, nn.functional.linear
     {"aten::addmm.out", c10::ScalarType::Short, c10::ScalarType::Undefined},
-    // CUDA refuses Byte: __rmatmul__, addmv, matmul, mv, ...
+    // CUDA refuses Byte: addmv
+    {"aten::addmv", c10::ScalarType::Byte, c10::ScalarType::Undefined},
+    // CUDA refuses Char: addmv
+    {"aten::addmv", c10::ScalarType::Char, c10::ScalarType::Undefined},
+    // CUDA refuses Int: addmv
+    {"aten::addmv", c10::ScalarType::Int, c10::ScalarType::Undefined},
+    // CUDA refuses Long: addmv
+    {"aten::addmv", c10::ScalarType::Long, c10::ScalarType::Undefined},
+    // CUDA refuses Short: addmv
+    {"aten::addmv", c10::ScalarType::Short, c10::ScalarType::Undefined},
+    // CUDA refuses Byte: __rmatmul__, matmul, mv, nn.functional.linear
     {"aten::addmv.out", c10::ScalarType::Byte, c10::ScalarType::Undefined},
-    // CUDA refuses Char: __rmatmul__, addmv, matmul, mv, ...
+    // CUDA refuses Char: __rmatmul__, matmul, mv, nn.functional.linear
     {"aten::addmv.out", c10::ScalarType::Char, c10::ScalarType::Undefined},
-    // CUDA refuses Int: __rmatmul__, addmv, matmul, mv, ...
+    // CUDA refuses Int: __rmatmul__, matmul, mv, nn.functional.linear
     {"aten::addmv.out", c10::ScalarType::Int, c10::ScalarType::Undefined},
-    // CUDA refuses Long: __rmatmul__, addmv, matmul, mv, ...
+    // CUDA refuses Long: __rmatmul__, matmul, mv, nn.functional.linear
     {"aten::addmv.out", c10::ScalarType::Long, c10::ScalarType::Undefined},
-    // CUDA refuses Short: __rmatmul__, addmv, matmul, mv, ...
+    // CUDA refuses Short: __rmatmul__, matmul, mv, nn.functional.linear
     {"aten::addmv.out", c10::ScalarType::Short, c10::ScalarType::Undefined},
     // CUDA computes ComplexHalf: angle
     {"aten::angle", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: asin
+    {"aten::asin", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: asin
     {"aten::asin.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: asinh
+    {"aten::asinh", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: asinh
     {"aten::asinh.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: atan
+    {"aten::atan", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: atan
     {"aten::atan.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: atanh
+    {"aten::atanh", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: atanh
     {"aten::atanh.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA refuses Long: nn.functional.avg_pool1d, nn.functional.avg_pool2d, nn.functional.local_response_norm
+    {"aten::avg_pool2d", c10::ScalarType::Long, c10::ScalarType::Undefined},
+    // CUDA refuses Long: nn.functional.avg_pool1d, nn.functional.avg_pool2d, nn.functional.local_response_norm
     {"aten::avg_pool2d.out", c10::ScalarType::Long, c10::ScalarType::Undefined},
+    // CUDA computes BFloat16: nn.functional.avg_pool3d
+    {"aten::avg_pool3d", c10::ScalarType::BFloat16, c10::ScalarType::Float},
+    // CUDA computes Half: nn.functional.avg_pool3d
+    {"aten::avg_pool3d", c10::ScalarType::Half, c10::ScalarType::Float},
+    // CUDA refuses Long: nn.functional.avg_pool3d
+    {"aten::avg_pool3d", c10::ScalarType::Long, c10::ScalarType::Undefined},
     // CUDA computes BFloat16: nn.functional.avg_pool3d
     {"aten::avg_pool3d.out", c10::ScalarType::BFloat16, c10::ScalarType::Float},
     // CUDA computes Half: nn.functional.avg_pool3d
@@ -103,9 +153,23 @@ inline constexpr std::array<DtypeRule, 153> kDtypeRules{{
     // CUDA refuses Long: nn.functional.avg_pool3d
     {"aten::avg_pool3d.out", c10::ScalarType::Long, c10::ScalarType::Undefined},
     // CUDA computes BFloat16: nn.functional.avg_pool3d
+    {"aten::avg_pool3d_backward", c10::ScalarType::BFloat16, c10::ScalarType::Float},
+    // CUDA computes Half: nn.functional.avg_pool3d
+    {"aten::avg_pool3d_backward", c10::ScalarType::Half, c10::ScalarType::Float},
+    // CUDA computes BFloat16: nn.functional.avg_pool3d
     {"aten::avg_pool3d_backward.grad_input", c10::ScalarType::BFloat16, c10::ScalarType::Float},
     // CUDA computes Half: nn.functional.avg_pool3d
     {"aten::avg_pool3d_backward.grad_input", c10::ScalarType::Half, c10::ScalarType::Float},
+    // CUDA refuses Byte: baddbmm
+    {"aten::baddbmm", c10::ScalarType::Byte, c10::ScalarType::Undefined},
+    // CUDA refuses Char: baddbmm
+    {"aten::baddbmm", c10::ScalarType::Char, c10::ScalarType::Undefined},
+    // CUDA refuses Int: baddbmm
+    {"aten::baddbmm", c10::ScalarType::Int, c10::ScalarType::Undefined},
+    // CUDA refuses Long: baddbmm
+    {"aten::baddbmm", c10::ScalarType::Long, c10::ScalarType::Undefined},
+    // CUDA refuses Short: baddbmm
+    {"aten::baddbmm", c10::ScalarType::Short, c10::ScalarType::Undefined},
     // CUDA refuses Byte: baddbmm
     {"aten::baddbmm.out", c10::ScalarType::Byte, c10::ScalarType::Undefined},
     // CUDA refuses Char: baddbmm
@@ -116,6 +180,16 @@ inline constexpr std::array<DtypeRule, 153> kDtypeRules{{
     {"aten::baddbmm.out", c10::ScalarType::Long, c10::ScalarType::Undefined},
     // CUDA refuses Short: baddbmm
     {"aten::baddbmm.out", c10::ScalarType::Short, c10::ScalarType::Undefined},
+    // CUDA refuses Byte: __rmatmul__, bmm, einsum, matmul, ...
+    {"aten::bmm", c10::ScalarType::Byte, c10::ScalarType::Undefined},
+    // CUDA refuses Char: __rmatmul__, bmm, einsum, matmul, ...
+    {"aten::bmm", c10::ScalarType::Char, c10::ScalarType::Undefined},
+    // CUDA refuses Int: __rmatmul__, bmm, einsum, matmul, ...
+    {"aten::bmm", c10::ScalarType::Int, c10::ScalarType::Undefined},
+    // CUDA refuses Long: __rmatmul__, bmm, einsum, matmul, ...
+    {"aten::bmm", c10::ScalarType::Long, c10::ScalarType::Undefined},
+    // CUDA refuses Short: __rmatmul__, bmm, einsum, matmul, ...
+    {"aten::bmm", c10::ScalarType::Short, c10::ScalarType::Undefined},
     // CUDA refuses Byte: __rmatmul__, bmm, einsum, matmul, ...
     {"aten::bmm.out", c10::ScalarType::Byte, c10::ScalarType::Undefined},
     // CUDA refuses Char: __rmatmul__, bmm, einsum, matmul, ...
@@ -129,13 +203,21 @@ inline constexpr std::array<DtypeRule, 153> kDtypeRules{{
     // CUDA refuses Long: nn.functional.conv1d, nn.functional.conv2d, nn.functional.conv3d, nn.functional.conv_transpose1d, ...
     {"aten::convolution_overrideable", c10::ScalarType::Long, c10::ScalarType::Undefined},
     // CUDA computes ComplexHalf: cos, sin
+    {"aten::cos", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: cos, sin
     {"aten::cos.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: cosh, sinh
+    {"aten::cosh", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: cosh, sinh
     {"aten::cosh.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: prod
+    {"aten::cumprod", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: prod
     {"aten::cumprod.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: angle, atan, atanh, div.no_rounding_mode, ...
     {"aten::div.Tensor", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: angle, atan, atanh, div.no_rounding_mode, ...
+    {"aten::div.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA refuses Byte: __rmatmul__, dot, inner, matmul, ...
     {"aten::dot", c10::ScalarType::Byte, c10::ScalarType::Undefined},
     // CUDA refuses Char: __rmatmul__, dot, inner, matmul, ...
@@ -146,6 +228,8 @@ inline constexpr std::array<DtypeRule, 153> kDtypeRules{{
     {"aten::dot", c10::ScalarType::Long, c10::ScalarType::Undefined},
     // CUDA refuses Short: __rmatmul__, dot, inner, matmul, ...
     {"aten::dot", c10::ScalarType::Short, c10::ScalarType::Undefined},
+    // CUDA computes ComplexHalf: exp, logaddexp
+    {"aten::exp", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: exp, logaddexp
     {"aten::exp.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: prod
@@ -173,21 +257,39 @@ inline constexpr std::array<DtypeRule, 153> kDtypeRules{{
     // CUDA refuses Float: histogram
     {"aten::histogram.bins_tensor", c10::ScalarType::Float, c10::ScalarType::Undefined},
     // CUDA refuses BFloat16: igamma
+    {"aten::igamma", c10::ScalarType::BFloat16, c10::ScalarType::Undefined},
+    // CUDA refuses Half: igamma
+    {"aten::igamma", c10::ScalarType::Half, c10::ScalarType::Undefined},
+    // CUDA refuses BFloat16: igamma
     {"aten::igamma.out", c10::ScalarType::BFloat16, c10::ScalarType::Undefined},
     // CUDA refuses Half: igamma
     {"aten::igamma.out", c10::ScalarType::Half, c10::ScalarType::Undefined},
+    // CUDA refuses BFloat16: igammac
+    {"aten::igammac", c10::ScalarType::BFloat16, c10::ScalarType::Undefined},
+    // CUDA refuses Half: igammac
+    {"aten::igammac", c10::ScalarType::Half, c10::ScalarType::Undefined},
     // CUDA refuses BFloat16: igammac
     {"aten::igammac.out", c10::ScalarType::BFloat16, c10::ScalarType::Undefined},
     // CUDA refuses Half: igammac
     {"aten::igammac.out", c10::ScalarType::Half, c10::ScalarType::Undefined},
     // CUDA computes ComplexHalf: lerp
+    {"aten::lerp.Scalar", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: lerp
     {"aten::lerp.Scalar_out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: lerp
+    {"aten::lerp.Tensor", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: lerp
     {"aten::lerp.Tensor_out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA refuses ComplexHalf: norm, norm.inf
+    {"aten::linalg_vector_norm", c10::ScalarType::ComplexHalf, c10::ScalarType::Undefined},
+    // CUDA refuses ComplexHalf: norm, norm.inf
     {"aten::linalg_vector_norm.out", c10::ScalarType::ComplexHalf, c10::ScalarType::Undefined},
     // CUDA computes ComplexHalf: log, pow
+    {"aten::log", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: log, pow
     {"aten::log.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: logaddexp
+    {"aten::logaddexp", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: logaddexp
     {"aten::logaddexp.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA refuses Byte: nn.functional.max_pool2d
@@ -220,6 +322,16 @@ inline constexpr std::array<DtypeRule, 153> kDtypeRules{{
     {"aten::max_pool3d_with_indices", c10::ScalarType::Long, c10::ScalarType::Undefined},
     // CUDA refuses Short: nn.functional.max_pool3d
     {"aten::max_pool3d_with_indices", c10::ScalarType::Short, c10::ScalarType::Undefined},
+    // CUDA refuses Byte: __rmatmul__, linalg.multi_dot, matmul, mm, ...
+    {"aten::mm", c10::ScalarType::Byte, c10::ScalarType::Undefined},
+    // CUDA refuses Char: __rmatmul__, linalg.multi_dot, matmul, mm, ...
+    {"aten::mm", c10::ScalarType::Char, c10::ScalarType::Undefined},
+    // CUDA refuses Int: __rmatmul__, linalg.multi_dot, matmul, mm, ...
+    {"aten::mm", c10::ScalarType::Int, c10::ScalarType::Undefined},
+    // CUDA refuses Long: __rmatmul__, linalg.multi_dot, matmul, mm, ...
+    {"aten::mm", c10::ScalarType::Long, c10::ScalarType::Undefined},
+    // CUDA refuses Short: __rmatmul__, linalg.multi_dot, matmul, mm, ...
+    {"aten::mm", c10::ScalarType::Short, c10::ScalarType::Undefined},
     // CUDA refuses Byte: __rmatmul__, linalg.multi_dot, matmul, mm, ...
     {"aten::mm.out", c10::ScalarType::Byte, c10::ScalarType::Undefined},
     // CUDA refuses Char: __rmatmul__, linalg.multi_dot, matmul, mm, ...
@@ -259,17 +371,33 @@ inline constexpr std::array<DtypeRule, 153> kDtypeRules{{
     // CUDA refuses Short: native_dropout_backward
     {"aten::native_dropout_backward", c10::ScalarType::Short, c10::ScalarType::Undefined},
     // CUDA computes ComplexHalf: asinh, atanh, rsqrt, tan
+    {"aten::pow.Tensor_Scalar", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: asinh, atanh, rsqrt, tan
     {"aten::pow.Tensor_Scalar_out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: pow
+    {"aten::pow.Tensor_Tensor", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: pow
     {"aten::pow.Tensor_Tensor_out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: prod
     {"aten::prod", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: prod
+    {"aten::prod.dim_int", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: prod
     {"aten::prod.int_out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes Half: nn.functional.rrelu
     {"aten::rrelu_with_noise", c10::ScalarType::Half, c10::ScalarType::Float},
     // CUDA computes ComplexHalf: acos, acosh, asin, asinh, ...
+    {"aten::rsqrt", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: acos, acosh, asin, asinh, ...
     {"aten::rsqrt.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes Float8_e4m3fn: scatter
+    {"aten::scatter.src", c10::ScalarType::Float8_e4m3fn, c10::ScalarType::Float},
+    // CUDA computes Float8_e4m3fnuz: scatter
+    {"aten::scatter.src", c10::ScalarType::Float8_e4m3fnuz, c10::ScalarType::Float},
+    // CUDA computes Float8_e5m2: scatter
+    {"aten::scatter.src", c10::ScalarType::Float8_e5m2, c10::ScalarType::Float},
+    // CUDA computes Float8_e5m2fnuz: scatter
+    {"aten::scatter.src", c10::ScalarType::Float8_e5m2fnuz, c10::ScalarType::Float},
     // CUDA computes Float8_e4m3fn: scatter
     {"aten::scatter.src_out", c10::ScalarType::Float8_e4m3fn, c10::ScalarType::Float},
     // CUDA computes Float8_e4m3fnuz: scatter
@@ -279,6 +407,14 @@ inline constexpr std::array<DtypeRule, 153> kDtypeRules{{
     // CUDA computes Float8_e5m2fnuz: scatter
     {"aten::scatter.src_out", c10::ScalarType::Float8_e5m2fnuz, c10::ScalarType::Float},
     // CUDA computes Float8_e4m3fn: scatter
+    {"aten::scatter.value", c10::ScalarType::Float8_e4m3fn, c10::ScalarType::Float},
+    // CUDA computes Float8_e4m3fnuz: scatter
+    {"aten::scatter.value", c10::ScalarType::Float8_e4m3fnuz, c10::ScalarType::Float},
+    // CUDA computes Float8_e5m2: scatter
+    {"aten::scatter.value", c10::ScalarType::Float8_e5m2, c10::ScalarType::Float},
+    // CUDA computes Float8_e5m2fnuz: scatter
+    {"aten::scatter.value", c10::ScalarType::Float8_e5m2fnuz, c10::ScalarType::Float},
+    // CUDA computes Float8_e4m3fn: scatter
     {"aten::scatter.value_out", c10::ScalarType::Float8_e4m3fn, c10::ScalarType::Float},
     // CUDA computes Float8_e4m3fnuz: scatter
     {"aten::scatter.value_out", c10::ScalarType::Float8_e4m3fnuz, c10::ScalarType::Float},
@@ -287,21 +423,39 @@ inline constexpr std::array<DtypeRule, 153> kDtypeRules{{
     // CUDA computes Float8_e5m2fnuz: scatter
     {"aten::scatter.value_out", c10::ScalarType::Float8_e5m2fnuz, c10::ScalarType::Float},
     // CUDA computes ComplexHalf: sigmoid
+    {"aten::sigmoid", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: sigmoid
     {"aten::sigmoid.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: sigmoid
+    {"aten::sigmoid_backward", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: sigmoid
     {"aten::sigmoid_backward.grad_input", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: cos, sin
+    {"aten::sin", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: cos, sin
     {"aten::sin.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: cosh, sinh
+    {"aten::sinh", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: cosh, sinh
     {"aten::sinh.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: sqrt
+    {"aten::sqrt", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: sqrt
     {"aten::sqrt.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: add, block_diag, div.no_rounding_mode, index_fill, ...
     {"aten::sum.IntList_out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: add, block_diag, div.no_rounding_mode, index_fill, ...
+    {"aten::sum.dim_IntList", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: tan
+    {"aten::tan", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: tan
     {"aten::tan.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: tanh
+    {"aten::tanh", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: tanh
     {"aten::tanh.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: tanh
+    {"aten::tanh_backward", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: tanh
     {"aten::tanh_backward.grad_input", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes Bool: trace
@@ -311,7 +465,11 @@ inline constexpr std::array<DtypeRule, 153> kDtypeRules{{
     // CUDA computes ComplexHalf: unfold, unfold_copy
     {"aten::unfold_backward", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA refuses Byte: nn.functional.interpolate.bicubic
+    {"aten::upsample_bicubic2d", c10::ScalarType::Byte, c10::ScalarType::Undefined},
+    // CUDA refuses Byte: nn.functional.interpolate.bicubic
     {"aten::upsample_bicubic2d.out", c10::ScalarType::Byte, c10::ScalarType::Undefined},
+    // CUDA refuses Byte: nn.functional.interpolate.bilinear, nn.functional.upsample_bilinear
+    {"aten::upsample_bilinear2d", c10::ScalarType::Byte, c10::ScalarType::Undefined},
     // CUDA refuses Byte: nn.functional.interpolate.bilinear, nn.functional.upsample_bilinear
     {"aten::upsample_bilinear2d.out", c10::ScalarType::Byte, c10::ScalarType::Undefined},
     // CUDA refuses Byte: vdot

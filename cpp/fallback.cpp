@@ -952,35 +952,46 @@ void register_sparse_rejection(torch::Library& library) {
 // Note [Composites that differ from CPU]
 // PyTorch's dispatcher prefers an op's default-backend composite kernel
 // (CompositeExplicitAutograd[NonFunctional]) to a backend fallback, so an op
-// without an openreg kernel does not always reach the fallback.
-//  - Structured ops (CompositeExplicitAutogradNonFunctional): the composite
-//    runs the meta function on the device, then the out= variant, which
-//    reaches the fallback: the CPU kernel computes, as on CPU. The loss
-//    functions are the exception: their meta functions shrink the output to
-//    0-dim after sizing it, so the out= call resizes it back and warns "An
-//    output with one or more elements was resized", which CPU never does.
-//    Their functional forms go straight to the fallback. So does index:
-//    its meta function warns (a uint8 mask is deprecated), and a warning
-//    raised by the meta function on the device and again by the out=
-//    kernel's would reach the caller twice where CPU warns once.
+// without an openreg kernel does not always reach the fallback. Every op
+// below is found in the dispatcher at registration and sent to the
+// fallback, i.e. to its CPU kernel.
+//  - Functional structured ops (a CPU kernel and a
+//    CompositeExplicitAutogradNonFunctional one: sin, mm, addmm,
+//    threshold_backward, nll_loss_forward, sum.dim_IntList...). Their
+//    composite runs the op's meta function on the host at every call
+//    (TensorIterator set-up, type promotion: 3-9 us, more than many a small
+//    kernel), allocates the results and calls the out= variant, which
+//    reaches the fallback. The fallback plans the call once per argument
+//    metadata (Note [Meta results]) and computes through the same out=
+//    kernel on the worker (Note [Out variants]), so the host pays the meta
+//    function once, not per call. It also keeps the loss functions' meta
+//    functions from shrinking their output to 0-dim after sizing it (the
+//    out= call resized it back and warned "An output with one or more
+//    elements was resized", which CPU never does), and index's uint8-mask
+//    deprecation from being raised twice (by the meta function and again by
+//    the out= kernel). Their in-place forms keep the composite: it runs the
+//    meta function on the argument itself and calls the out= variant with
+//    it, the way CPU does (the table's rules for the out= forms cover them,
+//    Note [Dtype policy]).
 //  - Ops with their own CPU kernel and a CompositeExplicitAutograd or
 //    CompositeImplicitAutograd kernel (native_layer_norm, native_group_norm,
 //    addr, silu_backward, mish_backward, ...): the composite is a different
 //    algorithm (math_native_layer_norm computes mean and variance by other
 //    reductions; silu_backward's decomposition rounds float16 at each step
 //    where the CPU kernel computes in float32), so results differ from CPU
-//    beyond float16 tolerance. Every such op is found in the dispatcher at
-//    registration and sent to the fallback, i.e. to its CPU kernel; with a
-//    kernel for the backend, autograd uses the op's own derivative, as on
-//    CPU, instead of differentiating the decomposition.
+//    beyond float16 tolerance. With a kernel for the backend, autograd uses
+//    the op's own derivative, as on CPU, instead of differentiating the
+//    decomposition.
 void register_fallback_kernels(KernelRegistrar& kernels) {
-  for (const char* op : {"mse_loss", "smooth_l1_loss", "index.Tensor"}) {
-    kernels.fallback(op);
-  }
   for_each_aten_op([&](const c10::OperatorHandle& op, const std::string& name) {
-    if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU) && !op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) &&
-        (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))) {
+    if (!op.hasKernelForDispatchKey(c10::DispatchKey::CPU) || op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      return;
+    }
+    const bool functional_structured =
+        op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
+        !op.schema().is_mutable();
+    if (functional_structured || op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+        op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
       kernels.fallback(name);
     }
   });

@@ -12,6 +12,8 @@ Then, per (aten op, dtype):
     table computes it in that dtype;
   - reached while running an OpInfo at a dtype CPU supports and CUDA does
     not, and by no sample of a dtype CUDA supports: the table refuses it.
+A structured op's functional and out= forms share their rules (CUDA computes
+both with one kernel, while op_db's samples mostly reach the functional one).
 
   python3 scripts/generate_dtype_table.py            # rewrite the table
   python3 scripts/generate_dtype_table.py --check    # exit 1 if it is stale
@@ -92,6 +94,12 @@ def derive():
     for (name, dtype), labels in refusable.items():
         if (name, dtype) not in allowed and (_base_name(name), dtype) not in declared:
             rules[(name, dtype)] = (None, labels)
+    for forms in _structured_forms(torch):
+        for (name, dtype), rule in list(rules.items()):
+            if name in forms:
+                for other in forms:
+                    if (other, dtype) not in rules and (other, dtype) not in allowed:
+                        rules[(other, dtype)] = rule
     outcomes = {
         "cuda_only": cuda_only_widened,
         "cpu_only": {
@@ -100,6 +108,50 @@ def derive():
         },
     }
     return rules, outcomes
+
+
+def _structured_forms(torch) -> list:
+    """(functional, out=) name pairs of the structured ops, e.g.
+    ("aten::exp", "aten::exp.out"): openreg sends the functional form to its
+    fallback or its own kernel (Note [Composites that differ from CPU] in
+    cpp/fallback.cpp), so each form is recorded under its own name. CUDA
+    computes both forms (and the in-place one, which reaches the out= form)
+    with one kernel, so a rule recorded on one holds for the other: op_db's
+    samples call the functional form, while `out=` and in-place calls reach
+    the out= form."""
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    pairs = []
+    for name in torch._C._dispatch_get_all_op_names():
+        base, _, overload = name.partition(".")
+        if not base.startswith("aten::") or not has_kernel(name, "CPU"):
+            continue
+        if not has_kernel(name, "CompositeExplicitAutogradNonFunctional"):
+            continue
+        packet = getattr(torch.ops.aten, base[len("aten::"):])
+        schema = getattr(packet, overload or "default")._schema
+        if schema.is_mutable:
+            continue
+        for candidate in packet.overloads():
+            out = getattr(packet, candidate)._schema
+            if _is_out_form(schema, out):
+                pairs.append((name, f"{base}.{candidate}"))
+                break
+    return pairs
+
+
+def _is_out_form(functional, out) -> bool:
+    """Whether `out` takes `functional`'s arguments, then one out= tensor per
+    result (as Note [Out variants] in cpp/fallback.cpp matches them)."""
+    arguments, out_arguments = functional.arguments, out.arguments
+    if len(out_arguments) != len(arguments) + len(functional.returns):
+        return False
+    for i, a in enumerate(out_arguments):
+        if i < len(arguments):
+            if a.is_out or a.name != arguments[i].name or str(a.type) != str(arguments[i].type):
+                return False
+        elif not a.is_out:
+            return False
+    return True
 
 
 def _aten_names(op) -> set:
