@@ -68,7 +68,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use std::cell::Cell;
 
@@ -227,6 +227,9 @@ struct QueueState {
     deferred_error: Option<Error>,
     /// The graph capture this stream records into (Note [Capturing streams]).
     capture: Option<Arc<Capture>>,
+    /// The lowest `completed` count a waiter sleeps for, `u64::MAX` if none
+    /// (Note [Waking waiters]).
+    awaited: u64,
 }
 
 /// A stream's queue and its worker's state. Lives for the whole process.
@@ -237,7 +240,8 @@ pub struct StreamQueue {
     state: Mutex<QueueState>,
     /// Signalled when a task is queued or shutdown starts (the worker waits).
     work_available: Condvar,
-    /// Signalled when `completed` moves or the worker exits (waiters wait).
+    /// Signalled when `completed` reaches `QueueState::awaited`, or the
+    /// worker exits (Note [Waking waiters]).
     progress: Condvar,
     /// Tasks submitted so far (Note [Stream progress]). It moves only under
     /// `state`'s lock, like `completed`; it is atomic so that `marker` (on
@@ -271,6 +275,7 @@ impl StreamQueue {
                 shutting_down: false,
                 deferred_error: None,
                 capture: None,
+                awaited: u64::MAX,
             }),
             work_available: Condvar::new(),
             progress: Condvar::new(),
@@ -406,7 +411,6 @@ impl StreamQueue {
                     if st.completed == self.marker() {
                         crate::utilization::stream_became_idle(self.device);
                     }
-                    self.progress.notify_all();
                     continue;
                 }
             }
@@ -487,7 +491,6 @@ impl StreamQueue {
             crate::utilization::stream_became_idle(self.device);
         }
         st.inline_running = false;
-        self.progress.notify_all();
         // Work queued behind the inline task waits for this; an idle worker
         // with nothing queued is left asleep (waking it costs a futex call
         // and restarts its idle countdown: Note [Idle workers]).
@@ -544,13 +547,15 @@ impl StreamQueue {
         }
         while st.completed < seq {
             match crate::op_timeout::limit().filter(|_| take_error) {
-                None => self.progress.wait(&mut st),
+                None => {
+                    self.await_progress(&mut st, seq, None);
+                }
                 Some(limit) => {
                     let started = st.running.map_or_else(Instant::now, |r| r.since);
                     if let Some(running) = st.running.filter(|r| r.since.elapsed() >= limit) {
                         return Err(self.timed_out(running, limit));
                     }
-                    self.progress.wait_until(&mut st, started + limit);
+                    self.await_progress(&mut st, seq, Some(started + limit));
                 }
             }
         }
@@ -673,10 +678,39 @@ impl StreamQueue {
         self.completed_seq.load(Ordering::Acquire) >= seq
     }
 
-    /// `count` more tasks have finished running (under the lock, `st`).
+    /// `count` more tasks have finished running (under the lock, `st`);
+    /// wakes the waiters once the first of them can go (Note [Waking
+    /// waiters]).
     fn count_completed(&self, st: &mut QueueState, count: u64) {
         st.completed += count;
         self.completed_seq.store(st.completed, Ordering::Release);
+        if st.completed >= st.awaited {
+            st.awaited = u64::MAX;
+            self.progress.notify_all();
+        }
+    }
+
+    /// Note [Waking waiters]: a thread waiting for the stream (a
+    /// synchronize, an event's, another stream's WaitFor task) sleeps until
+    /// the count it waits for is reached, not at every completed task. Each
+    /// sleeper lowers `awaited` to its count; the task completion that
+    /// reaches it wakes every sleeper and resets it, and those still short
+    /// of their count lower it again before sleeping. Waking the host at
+    /// every task cost the worker a futex call per task (5-8 us on this
+    /// VM's cross-core wake-ups) and the host a pointless context switch on
+    /// the core the kernel pool needs, through a whole synchronize.
+    ///
+    /// Sleeps on `progress` until woken, or until `deadline`, as a waiter
+    /// for `seq` completed tasks; true if the deadline passed.
+    fn await_progress(&self, st: &mut MutexGuard<'_, QueueState>, seq: u64, deadline: Option<Instant>) -> bool {
+        st.awaited = st.awaited.min(seq);
+        match deadline {
+            Some(deadline) => self.progress.wait_until(st, deadline).timed_out(),
+            None => {
+                self.progress.wait(st);
+                false
+            }
+        }
     }
 
     /// Marks "this point" of the stream for an event: returns the sequence
@@ -706,7 +740,7 @@ impl StreamQueue {
     pub fn wait_until(&self, seq: u64, deadline: Instant) -> bool {
         let mut st = self.state.lock();
         while st.completed < seq {
-            if self.progress.wait_until(&mut st, deadline).timed_out() {
+            if self.await_progress(&mut st, seq, Some(deadline)) {
                 return st.completed >= seq;
             }
         }
@@ -739,7 +773,6 @@ impl StreamQueue {
         if st.completed == self.marker() {
             crate::utilization::stream_became_idle(self.device);
         }
-        self.progress.notify_all();
         abandoned
     }
 

@@ -297,6 +297,38 @@ fn a_cross_device_wait_is_for_the_version_current_at_the_call() {
 }
 
 #[test]
+fn waiters_for_different_points_each_return_at_their_own() {
+    // Note [Waking waiters]: sleepers are woken only when the lowest point
+    // any of them waits for is reached; the others must sleep again for
+    // theirs. The later waiter starts first, so the earlier one's point
+    // lowers what the worker watches for while the later one sleeps.
+    let s = fresh_stream(0);
+    let (first, first_done) = slow_then_flag(50);
+    let (second, second_done) = slow_then_flag(300);
+    s.submit(sleep_task(30)).unwrap();
+    let first_point = s.submit(first).unwrap();
+    let last_point = s.submit(second).unwrap();
+    let later = thread::spawn(move || {
+        // A bounded wait: a sleeper nobody wakes fails here instead of hanging.
+        let reached = s.wait_until(last_point, Instant::now() + Duration::from_secs(10));
+        reached && second_done.load(Ordering::SeqCst)
+    });
+    thread::sleep(Duration::from_millis(10));
+    let earlier = thread::spawn(move || {
+        s.wait_for(first_point, true).unwrap();
+        first_done.load(Ordering::SeqCst)
+    });
+    let started = Instant::now();
+    let deadline_missed = !s.wait_until(last_point, started + Duration::from_millis(40));
+    assert!(deadline_missed, "a wait with a deadline returned before its point");
+    assert!(started.elapsed() < Duration::from_millis(250), "a deadline waiter slept past its deadline");
+    assert!(earlier.join().unwrap(), "a waiter returned before its point");
+    assert!(!s.query(), "the earlier waiter waited for the later point");
+    assert!(later.join().unwrap(), "a waiter returned before its point");
+    assert!(s.query());
+}
+
+#[test]
 fn synchronize_device_waits_for_every_stream() {
     let (a, b) = (fresh_stream(1), fresh_stream(1));
     a.submit(sleep_task(80)).unwrap();
