@@ -16,20 +16,38 @@
 //!    caller then runs its chunks alone, with the same boundaries.
 //!
 //! The pool has `OPENREG_KERNEL_THREADS` threads in all, the caller counted
-//! (default: the available cores). Helpers start at the first split kernel
-//! and sleep on a condition variable between kernels. They are plain threads:
+//! (default: the available cores). Helpers start at the first split kernel.
+//! They are plain threads:
 //! each chunk runs a single-threaded CPU kernel (Note [Kernel threads] in
 //! cpp/device_memory.h), so no OpenMP team is ever opened off the user's
 //! threads.
+//!
+//! Note [Polling helpers]: between kernels a helper polls for the next one
+//! for `HELPER_POLL`, yielding its core at every poll, and only then sleeps
+//! on a condition variable (a caller notifies only when some helper
+//! sleeps). Waking a sleeping helper cost the caller a futex call of 2-9 us
+//! (a cross-core wake-up on this VM), and the helper then started its chunk
+//! late, so the caller waited for it: 15 us per split kernel of a
+//! transformer step whose chunks take 25 us. A polling helper takes the
+//! next kernel's chunk at once; yielding gives its core to any runnable
+//! thread (the user's Python thread, queuing the next ops), so polling costs
+//! only a core that would otherwise idle. Training steps split a kernel
+//! every 50-500 us, so their helpers never sleep; an idle device's helpers
+//! sleep after `HELPER_POLL`.
 
 use std::cell::Cell;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// Runs chunk `chunk` of a kernel; `context` is the caller's. Must not
 /// unwind (a C++ body catches its exceptions: cpp/kernel_split.cpp).
 pub type ChunkBody = unsafe extern "C" fn(context: *mut c_void, chunk: usize);
+
+/// How long an idle helper polls for the next kernel before it sleeps
+/// (Note [Polling helpers]).
+const HELPER_POLL: Duration = Duration::from_millis(1);
 
 /// One split kernel, shared by the caller and the helpers.
 struct Job {
@@ -75,6 +93,11 @@ struct Pool {
     /// Threads in all, the caller counted.
     threads: usize,
     published: Mutex<Published>,
+    /// `published.generation`, stored under its lock, read by polling
+    /// helpers without it.
+    generation: AtomicU64,
+    /// Helpers asleep on `wake` (changed under `published`'s lock).
+    sleepers: AtomicUsize,
     wake: Condvar,
     finished_lock: Mutex<()>,
     finished: Condvar,
@@ -104,6 +127,8 @@ fn pool() -> &'static Pool {
                 generation: 0,
                 job: None,
             }),
+            generation: AtomicU64::new(0),
+            sleepers: AtomicUsize::new(0),
             wake: Condvar::new(),
             finished_lock: Mutex::new(()),
             finished: Condvar::new(),
@@ -145,10 +170,20 @@ fn start_helpers(pool: &'static Pool) -> usize {
 fn helper(pool: &'static Pool) {
     let mut seen = 0;
     loop {
+        let idle_since = Instant::now();
+        while pool.generation.load(Ordering::Acquire) == seen && idle_since.elapsed() < HELPER_POLL {
+            std::thread::yield_now();
+        }
         let job = {
             let mut published = pool.published.lock().unwrap_or_else(|e| e.into_inner());
-            while published.generation == seen {
-                published = pool.wake.wait(published).unwrap_or_else(|e| e.into_inner());
+            if published.generation == seen {
+                // A publisher that bumps the generation after this sees the
+                // count (both under the lock) and notifies.
+                pool.sleepers.fetch_add(1, Ordering::Relaxed);
+                while published.generation == seen {
+                    published = pool.wake.wait(published).unwrap_or_else(|e| e.into_inner());
+                }
+                pool.sleepers.fetch_sub(1, Ordering::Relaxed);
             }
             seen = published.generation;
             published.job.clone()
@@ -184,12 +219,16 @@ pub unsafe fn run_chunks(chunks: usize, body: ChunkBody, context: *mut c_void) {
         job.work();
         return;
     }
-    {
+    let some_sleep = {
         let mut published = pool.published.lock().unwrap_or_else(|e| e.into_inner());
         published.generation += 1;
         published.job = Some(job.clone());
+        pool.generation.store(published.generation, Ordering::Release);
+        pool.sleepers.load(Ordering::Relaxed) > 0
+    };
+    if some_sleep {
+        pool.wake.notify_all();
     }
-    pool.wake.notify_all();
     job.work();
     // Wait for the chunks the helpers took: briefly spinning (a chunk is
     // short), then asleep.
@@ -303,6 +342,25 @@ mod tests {
                 > 1
         });
         assert!(spread, "every chunk of 20 calls ran on the caller");
+    }
+
+    #[test]
+    fn helpers_asleep_are_woken_for_the_next_kernel() {
+        if threads() < 2 {
+            return;
+        }
+        // Each call comes after the helpers have stopped polling and sleep
+        // (Note [Polling helpers]): the publisher must notice and wake them.
+        let spread = (0..20).any(|_| {
+            std::thread::sleep(HELPER_POLL * 5);
+            run(64)
+                .into_iter()
+                .map(|(_, t)| t)
+                .collect::<HashSet<_>>()
+                .len()
+                > 1
+        });
+        assert!(spread, "every chunk of 20 calls after an idle spell ran on the caller");
     }
 
     #[test]
