@@ -171,7 +171,8 @@ fn helper(pool: &'static Pool) {
     let mut seen = 0;
     loop {
         let idle_since = Instant::now();
-        while pool.generation.load(Ordering::Acquire) == seen && idle_since.elapsed() < HELPER_POLL {
+        while pool.generation.load(Ordering::Acquire) == seen && idle_since.elapsed() < HELPER_POLL
+        {
             std::thread::yield_now();
         }
         let job = {
@@ -223,7 +224,8 @@ pub unsafe fn run_chunks(chunks: usize, body: ChunkBody, context: *mut c_void) {
         let mut published = pool.published.lock().unwrap_or_else(|e| e.into_inner());
         published.generation += 1;
         published.job = Some(job.clone());
-        pool.generation.store(published.generation, Ordering::Release);
+        pool.generation
+            .store(published.generation, Ordering::Release);
         pool.sleepers.load(Ordering::Relaxed) > 0
     };
     if some_sleep {
@@ -360,7 +362,10 @@ mod tests {
                 .len()
                 > 1
         });
-        assert!(spread, "every chunk of 20 calls after an idle spell ran on the caller");
+        assert!(
+            spread,
+            "every chunk of 20 calls after an idle spell ran on the caller"
+        );
     }
 
     #[test]

@@ -702,7 +702,12 @@ impl StreamQueue {
     ///
     /// Sleeps on `progress` until woken, or until `deadline`, as a waiter
     /// for `seq` completed tasks; true if the deadline passed.
-    fn await_progress(&self, st: &mut MutexGuard<'_, QueueState>, seq: u64, deadline: Option<Instant>) -> bool {
+    fn await_progress(
+        &self,
+        st: &mut MutexGuard<'_, QueueState>,
+        seq: u64,
+        deadline: Option<Instant>,
+    ) -> bool {
         st.awaited = st.awaited.min(seq);
         match deadline {
             Some(deadline) => self.progress.wait_until(st, deadline).timed_out(),

@@ -320,9 +320,18 @@ fn waiters_for_different_points_each_return_at_their_own() {
     });
     let started = Instant::now();
     let deadline_missed = !s.wait_until(last_point, started + Duration::from_millis(40));
-    assert!(deadline_missed, "a wait with a deadline returned before its point");
-    assert!(started.elapsed() < Duration::from_millis(250), "a deadline waiter slept past its deadline");
-    assert!(earlier.join().unwrap(), "a waiter returned before its point");
+    assert!(
+        deadline_missed,
+        "a wait with a deadline returned before its point"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(250),
+        "a deadline waiter slept past its deadline"
+    );
+    assert!(
+        earlier.join().unwrap(),
+        "a waiter returned before its point"
+    );
     assert!(!s.query(), "the earlier waiter waited for the later point");
     assert!(later.join().unwrap(), "a waiter returned before its point");
     assert!(s.query());
