@@ -83,18 +83,14 @@ impl Job {
     }
 }
 
-/// What the helpers watch: a job, published with a new generation.
-struct Published {
-    generation: u64,
-    job: Option<Arc<Job>>,
-}
-
 struct Pool {
     /// Threads in all, the caller counted.
     threads: usize,
-    published: Mutex<Published>,
-    /// `published.generation`, stored under its lock, read by polling
-    /// helpers without it.
+    /// What the helpers watch: the job they serve now, if any.
+    published: Mutex<Option<Arc<Job>>>,
+    /// Jobs published so far: moved under `published`'s lock (so a helper
+    /// checking it there before sleeping cannot miss a publication), read
+    /// by polling helpers without it.
     generation: AtomicU64,
     /// Helpers asleep on `wake` (changed under `published`'s lock).
     sleepers: AtomicUsize,
@@ -123,10 +119,7 @@ fn pool() -> &'static Pool {
         };
         Pool {
             threads,
-            published: Mutex::new(Published {
-                generation: 0,
-                job: None,
-            }),
+            published: Mutex::new(None),
             generation: AtomicU64::new(0),
             sleepers: AtomicUsize::new(0),
             wake: Condvar::new(),
@@ -177,17 +170,17 @@ fn helper(pool: &'static Pool) {
         }
         let job = {
             let mut published = pool.published.lock().unwrap_or_else(|e| e.into_inner());
-            if published.generation == seen {
+            if pool.generation.load(Ordering::Acquire) == seen {
                 // A publisher that bumps the generation after this sees the
                 // count (both under the lock) and notifies.
                 pool.sleepers.fetch_add(1, Ordering::Relaxed);
-                while published.generation == seen {
+                while pool.generation.load(Ordering::Acquire) == seen {
                     published = pool.wake.wait(published).unwrap_or_else(|e| e.into_inner());
                 }
                 pool.sleepers.fetch_sub(1, Ordering::Relaxed);
             }
-            seen = published.generation;
-            published.job.clone()
+            seen = pool.generation.load(Ordering::Acquire);
+            published.clone()
         };
         if let Some(job) = job {
             job.work();
@@ -222,10 +215,8 @@ pub unsafe fn run_chunks(chunks: usize, body: ChunkBody, context: *mut c_void) {
     }
     let some_sleep = {
         let mut published = pool.published.lock().unwrap_or_else(|e| e.into_inner());
-        published.generation += 1;
-        published.job = Some(job.clone());
-        pool.generation
-            .store(published.generation, Ordering::Release);
+        *published = Some(job.clone());
+        pool.generation.fetch_add(1, Ordering::Release);
         pool.sleepers.load(Ordering::Relaxed) > 0
     };
     if some_sleep {
@@ -245,7 +236,7 @@ pub unsafe fn run_chunks(chunks: usize, body: ChunkBody, context: *mut c_void) {
         lock = pool.finished.wait(lock).unwrap_or_else(|e| e.into_inner());
     }
     drop(lock);
-    pool.published.lock().unwrap_or_else(|e| e.into_inner()).job = None;
+    *pool.published.lock().unwrap_or_else(|e| e.into_inner()) = None;
     drop(in_use);
 }
 
@@ -327,6 +318,16 @@ mod tests {
         }
     }
 
+    /// Whether the chunks of one 64-chunk call ran on more than one thread.
+    fn one_call_spreads() -> bool {
+        run(64)
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect::<HashSet<_>>()
+            .len()
+            > 1
+    }
+
     #[test]
     fn helpers_take_chunks_when_cores_allow() {
         if threads() < 2 {
@@ -335,14 +336,7 @@ mod tests {
         // The other tests of this binary run at the same time and may keep
         // every helper busy for one call (fewer hands, by design): some call
         // of a few must find one free.
-        let spread = (0..20).any(|_| {
-            run(64)
-                .into_iter()
-                .map(|(_, t)| t)
-                .collect::<HashSet<_>>()
-                .len()
-                > 1
-        });
+        let spread = (0..20).any(|_| one_call_spreads());
         assert!(spread, "every chunk of 20 calls ran on the caller");
     }
 
@@ -355,12 +349,7 @@ mod tests {
         // (Note [Polling helpers]): the publisher must notice and wake them.
         let spread = (0..20).any(|_| {
             std::thread::sleep(HELPER_POLL * 5);
-            run(64)
-                .into_iter()
-                .map(|(_, t)| t)
-                .collect::<HashSet<_>>()
-                .len()
-                > 1
+            one_call_spreads()
         });
         assert!(
             spread,
