@@ -414,6 +414,7 @@ impl StreamQueue {
                     continue;
                 }
             }
+            crate::kernel_pool::worker_going_idle();
             if st.shutting_down
                 || self.work_available.wait_for(&mut st, idle).timed_out() && st.tasks.is_empty()
             {
