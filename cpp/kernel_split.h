@@ -14,8 +14,9 @@
 //  - pointwise ops (torch.Tag.pointwise), copies and fills: the outermost
 //    dimension of the result larger than 1; an argument is narrowed where it
 //    spans that dimension and left whole where it broadcasts along it;
-//  - matrix products (mm, addmm, bmm, baddbmm): result rows (the batch of a
-//    batched product), the arguments that produce them narrowed alike;
+//  - matrix products (mm, addmm, bmm, baddbmm): result rows, or columns when
+//    they are more (Note [Matrix chunks] in kernel_split.cpp), or the batch
+//    of a batched product, the arguments that produce them narrowed alike;
 //  - softmax-like ops, reductions over inner dimensions and layer norm:
 //    dimension 0 when it is not reduced;
 //  - convolution: the batch (its backward too: grad_input by batch, and the

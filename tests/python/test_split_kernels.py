@@ -70,8 +70,11 @@ def run(route):
     outs[route + " add"] = d + d.T
     outs[route + " sin"] = d.sin()
     outs[route + " mm"] = d @ d
-    # 64 rows: two chunks of 32 (the fewest rows a matrix chunk has).
+    # 64 rows, 256 columns: cut by columns, two chunks of 128 (Note [Matrix
+    # chunks]), a bias cut alike where it spans them.
     outs[route + " mm 64 rows"] = d[:64, :256] @ d[:256, :256]
+    outs[route + " addmm 64 rows"] = torch.addmm(d[0, :256], d[:64, :256], d[:256, :256])
+    outs[route + " addmm 64 rows, bias 64x1"] = torch.addmm(d[:64, :1], d[:64, :256], d[:256, :256])
     outs[route + " softmax"] = d.softmax(-1)
     outs[route + " sum"] = d.sum(1)
     outs[route + " layer_norm"] = torch.nn.functional.layer_norm(d, (1024,))
@@ -149,7 +152,9 @@ def test_large_split_kernels_equal_cpu():
     y = conv(i)
     y.square().sum().backward()
     want = {
-        "add": x + x.T, "sin": x.sin(), "mm": x @ x, "mm 64 rows": x[:64, :256] @ x[:256, :256], "softmax": x.softmax(-1), "sum": x.sum(1),
+        "add": x + x.T, "sin": x.sin(), "mm": x @ x, "mm 64 rows": x[:64, :256] @ x[:256, :256],
+        "addmm 64 rows": torch.addmm(x[0, :256], x[:64, :256], x[:256, :256]),
+        "addmm 64 rows, bias 64x1": torch.addmm(x[:64, :1], x[:64, :256], x[:256, :256]), "softmax": x.softmax(-1), "sum": x.sum(1),
         "layer_norm": F.layer_norm(x, (1024,)), "copy": x.T.contiguous(), "fill": torch.full((2048, 1024), 0.5),
         "conv": y, "conv grad_input": i.grad, "conv grad_weight": conv.weight.grad,
         "batch_norm": normalized, "batch_norm running_mean": mean, "batch_norm running_var": var,
