@@ -337,6 +337,66 @@ fn waiters_for_different_points_each_return_at_their_own() {
     assert!(s.query());
 }
 
+/// Which thread dropped a task, once one has.
+type DroppedBy = Arc<std::sync::Mutex<Option<thread::ThreadId>>>;
+
+/// A task that does nothing and notes which thread drops it.
+fn witnessed_task() -> (Task, DroppedBy) {
+    struct Witness(DroppedBy);
+    impl Drop for Witness {
+        fn drop(&mut self) {
+            *self.0.lock().unwrap() = Some(thread::current().id());
+        }
+    }
+    let dropped_by = DroppedBy::default();
+    let witness = Witness(dropped_by.clone());
+    let task = Task::Run(Box::new(move || {
+        let _ = &witness;
+        Ok(())
+    }));
+    (task, dropped_by)
+}
+
+#[test]
+fn a_task_run_while_more_are_queued_is_dropped_by_the_next_submitter() {
+    // Note [Retired tasks]: the host frees what it allocated for a task.
+    let s = fresh_stream(0);
+    s.submit(sleep_task(30)).unwrap(); // the next two queue behind it
+    let (task, dropped_by) = witnessed_task();
+    let ran = s.submit(task).unwrap();
+    let last = s.submit(sleep_task(50)).unwrap();
+    s.wait_for(ran, true).unwrap();
+    assert_eq!(
+        *dropped_by.lock().unwrap(),
+        None,
+        "the worker dropped a task with more queued"
+    );
+    s.submit(host(|| {})).unwrap();
+    assert_eq!(*dropped_by.lock().unwrap(), Some(thread::current().id()));
+    s.wait_for(last, true).unwrap();
+}
+
+#[test]
+fn a_synchronize_returns_with_every_finished_task_dropped() {
+    // Note [Retired tasks]: the task that drains the queue is dropped, with
+    // those kept before it, before its completion counts.
+    let s = fresh_stream(0);
+    s.submit(sleep_task(30)).unwrap();
+    let (first, first_dropped) = witnessed_task();
+    let (last, last_dropped) = witnessed_task();
+    s.submit(first).unwrap();
+    let point = s.submit(last).unwrap();
+    s.wait_for(point, true).unwrap();
+    assert!(
+        first_dropped.lock().unwrap().is_some(),
+        "a task kept past a synchronize"
+    );
+    assert!(
+        last_dropped.lock().unwrap().is_some(),
+        "the last task kept past a synchronize"
+    );
+}
+
 #[test]
 fn synchronize_device_waits_for_every_stream() {
     let (a, b) = (fresh_stream(1), fresh_stream(1));
