@@ -40,9 +40,9 @@
 //! (after a synchronize, say) then often landed on the core of the thread
 //! that woke it, the user's: on 2 cores the device's critical path then
 //! shared a core with Python while the helper's core polled, and stayed so
-//! for seconds (the scheduler balanced 2 against 1 runnable threads no
-//! further). 8 of 16 processes of the MLP step ran so, 576-674 us a step
-//! against 477-526; with the rule, none of 16 (472-544 us).
+//! for seconds (the scheduler moved neither thread to the polling core).
+//! 8 of 16 processes of the MLP step ran so, 576-674 us a step against
+//! 477-526; with the rule, none of 16 (472-544 us).
 //!
 //! Note [Waiting caller]: the caller, its own chunks done, waits for the
 //! chunks helpers took the way a helper waits for a kernel: it spins
