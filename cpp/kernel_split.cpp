@@ -263,8 +263,9 @@ CallSplit::CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> a
     } else {
       // Each chunk takes the whole of one matrix (Note [Matrix chunks]).
       const bool by_columns = rows < columns;
+      const int64_t cut = by_columns ? columns : rows;
       result_dim_ = by_columns ? 1 : 0;
-      ranges_ = RowRanges(by_columns ? columns : rows, work, matrix_rows_per_chunk(by_columns ? columns : rows));
+      ranges_ = RowRanges(cut, work, matrix_rows_per_chunk(cut));
       argument_dims_.assign(tensors.size(), result_dim_); // out= is cut as the result
       argument_dims_[bias ? 1 : 0] = by_columns ? -1 : 0;
       argument_dims_[bias ? 2 : 1] = by_columns ? 1 : -1;

@@ -195,6 +195,19 @@ fn start_helpers(pool: &'static Pool) -> usize {
     })
 }
 
+/// Polls `ready` for at most `window`, yielding the core between polls
+/// (Notes [Polling helpers], [Waiting caller]); returns its last answer.
+fn poll_yielding(window: Duration, ready: impl Fn() -> bool) -> bool {
+    let since = Instant::now();
+    while !ready() {
+        if since.elapsed() >= window {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+    true
+}
+
 /// Times a stream worker found its queue empty and went to sleep.
 static WORKERS_WENT_IDLE: AtomicU64 = AtomicU64::new(0);
 
@@ -207,14 +220,11 @@ pub fn worker_going_idle() {
 fn helper(pool: &'static Pool) {
     let mut seen = 0;
     loop {
-        let idle_since = Instant::now();
         let quiet = WORKERS_WENT_IDLE.load(Ordering::Relaxed);
-        while pool.generation.load(Ordering::Acquire) == seen
-            && idle_since.elapsed() < HELPER_POLL
-            && WORKERS_WENT_IDLE.load(Ordering::Relaxed) == quiet
-        {
-            std::thread::yield_now();
-        }
+        poll_yielding(HELPER_POLL, || {
+            pool.generation.load(Ordering::Acquire) != seen
+                || WORKERS_WENT_IDLE.load(Ordering::Relaxed) != quiet
+        });
         let job = {
             let mut published = pool.published.lock().unwrap_or_else(|e| e.into_inner());
             if pool.generation.load(Ordering::Acquire) == seen {
@@ -285,11 +295,7 @@ fn wait_for_helpers(pool: &Pool, job: &Job) {
         }
         std::hint::spin_loop();
     }
-    let polling_since = Instant::now();
-    while !done() && polling_since.elapsed() < CALLER_POLL {
-        std::thread::yield_now();
-    }
-    if done() {
+    if poll_yielding(CALLER_POLL, done) {
         return;
     }
     let mut lock = pool.finished_lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -440,8 +446,9 @@ mod tests {
         if threads() < 2 {
             return;
         }
-        one_call_spreads(); // the helpers have run a kernel and now poll
-                            // Their poll lasts a minute in this binary (HELPER_POLL).
+        // The helpers run a kernel and then poll, for a minute in this
+        // binary (HELPER_POLL): only the idle signal puts them to sleep.
+        one_call_spreads();
         assert!(
             helpers_fall_asleep_as_workers_idle(),
             "helpers went on polling after stream workers went idle"
