@@ -129,6 +129,13 @@ class KernelRegistrar {
   // `name` runs the boxed fallback (cpp/fallback.cpp).
   void fallback(const std::string& name);
 
+  // `name` runs `kernel` as it is, outside the policy: a kernel that checks
+  // nothing itself and sends calls on to kernels the policy covers.
+  template <c10::BoxedKernel::BoxedKernelFunction* kernel>
+  void unchecked(const std::string& name) {
+    aten_.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<kernel>());
+  }
+
   // Last: every op of the table that has no openreg kernel by now (the
   // backend fallback serves it) runs the fallback through the policy.
   void finish();

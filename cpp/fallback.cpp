@@ -949,6 +949,60 @@ void register_sparse_rejection(torch::Library& library) {
   library.fallback(torch::CppFunction::makeFromBoxedFunction<&reject_sparse>());
 }
 
+namespace {
+
+// Note [Foreach ops]: the _foreach_ ops (torch.optim's foreach steps: SGD's
+// _foreach_add_, Adam's _foreach_lerp_, _foreach_addcdiv_...) have CUDA
+// kernels and, for other backends, a CompositeExplicitAutograd kernel that
+// loops over the lists calling the per-tensor op. On openreg each tensor
+// was then a fallback call of its own, a plan lookup and a stream task per
+// tensor: 13.5 us of host time for SGD's step over the 6 tensors of a
+// 3-layer MLP. A call of an in-place foreach op whose tensors are all float
+// or double openreg tensors of one device is instead one fallback call: one
+// task (in chunks of whole tensors when large: Note [List chunks] in
+// kernel_split.cpp), whose CPU kernel is that same loop over CPU views, so
+// each tensor is computed by the per-tensor CPU kernel as before (5.8 us of
+// host time for that step). Other calls keep the loop, whose per-tensor
+// calls the dtype policy checks (and may compute in a wider dtype:
+// Note [Dtype policy]), as do out-of-place forms (their lists of fresh
+// results are planned per tensor).
+bool in_place_foreach(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& schema = op.schema();
+  return schema.name().rfind("aten::_foreach_", 0) == 0 && schema.is_mutable() && schema.returns().empty() &&
+      !op.hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd);
+}
+
+// Whether a call of an in_place_foreach op runs as one fallback call.
+bool foreach_as_one_call(c10::ArrayRef<c10::IValue> arguments) {
+  if (recording_dtypes()) {
+    return false; // the per-tensor calls are what the dtype table records
+  }
+  std::optional<c10::Device> device;
+  bool fits = true;
+  for (const c10::IValue& value : arguments) {
+    for_each_tensor(value, [&](const at::Tensor& t) {
+      fits = fits && t.is_privateuseone() && t.layout() == c10::kStrided && !t.is_nested() &&
+          (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble) && device.value_or(t.device()) == t.device();
+      device = t.device();
+    });
+  }
+  return fits && device.has_value();
+}
+
+// The PrivateUse1 kernel of the in_place_foreach ops (Note [Foreach ops]).
+void run_foreach(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (foreach_as_one_call(arguments_of(op, *stack))) {
+    run_call(op, stack, /*quantized_kernel=*/false);
+    return;
+  }
+  // The op has no CPU kernel: its CPU entry is the CompositeExplicitAutograd
+  // loop, which dispatches each per-tensor call on the tensors' own keys.
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+}
+
+} // namespace
+
 // Note [Composites that differ from CPU]
 // PyTorch's dispatcher prefers an op's default-backend composite kernel
 // (CompositeExplicitAutograd[NonFunctional]) to a backend fallback, so an op
@@ -985,7 +1039,14 @@ void register_sparse_rejection(torch::Library& library) {
 //    decomposition.
 void register_fallback_kernels(KernelRegistrar& kernels) {
   for_each_aten_op([&](const c10::OperatorHandle& op, const std::string& name) {
-    if (!op.hasKernelForDispatchKey(c10::DispatchKey::CPU) || op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+    if (op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      return;
+    }
+    if (in_place_foreach(op)) {
+      kernels.unchecked<&run_foreach>(name);
+      return;
+    }
+    if (!op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
       return;
     }
     const bool functional_structured =

@@ -179,6 +179,39 @@ bool broadcast_into(c10::DimVector& shape, c10::IntArrayRef sizes) {
   return true;
 }
 
+// Whether a tensor the call writes shares memory with another of its
+// tensors.
+bool written_tensor_shares_memory(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+  const std::vector<bool> written = written_tensors(op, arguments);
+  std::vector<const void*> all;
+  std::vector<const void*> writes;
+  for (const c10::IValue& value : arguments) {
+    for_each_tensor(value, [&](const at::Tensor& t) {
+      const void* storage = t.storage().unsafeGetStorageImpl();
+      if (written[all.size()]) {
+        writes.push_back(storage);
+      }
+      all.push_back(storage);
+    });
+  }
+  std::sort(all.begin(), all.end());
+  return std::any_of(writes.begin(), writes.end(), [&](const void* storage) {
+    const auto [first, last] = std::equal_range(all.begin(), all.end(), storage);
+    return last - first > 1;
+  });
+}
+
+// Elements [begin, end) of a list.
+c10::IValue list_part(const c10::IValue& list, int64_t begin, int64_t end) {
+  const c10::impl::GenericList whole = list.toList();
+  c10::impl::GenericList part(whole.elementType());
+  part.reserve(end - begin);
+  for (int64_t j = begin; j < end; ++j) {
+    part.push_back(whole.get(j));
+  }
+  return c10::IValue(std::move(part));
+}
+
 // A dimension argument `dim` of a tensor of `dims` dimensions, made
 // non-negative (as maybe_wrap_dim; 0-dim tensors have one dimension to name).
 int64_t wrapped(int64_t dim, int64_t dims) {
@@ -188,6 +221,11 @@ int64_t wrapped(int64_t dim, int64_t dims) {
 } // namespace
 
 CallSplit::CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, int64_t largest_operand) {
+  const std::string& name = op.operator_name().name;
+  if (name.rfind("aten::_foreach_", 0) == 0) {
+    split_lists(op, arguments);
+    return;
+  }
   // The common case, decided cheaply (every fallback call asks): a call
   // none of whose operands has a chunk's work even at the heaviest weight
   // per element is not split. Comparing bare elements instead left a 2x2
@@ -199,7 +237,6 @@ CallSplit::CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> a
   if (largest_operand * kHeaviestWorkPerElement < split_elements()) {
     return;
   }
-  const std::string& name = op.operator_name().name;
   const std::vector<at::Tensor> tensors = tensors_of(arguments);
   if (tensors.empty()) {
     return;
@@ -315,7 +352,65 @@ CallSplit::CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> a
   }
 }
 
+// Note [List chunks]: an in-place foreach op (Note [Foreach ops] in
+// fallback.cpp) is cut between the tensors of its lists: chunk i takes the
+// same range of tensors from every list argument (tensors and scalars
+// alike), the ranges holding about equal numbers of elements (counted on
+// the first tensor list, as many chunks as a pointwise op of that many
+// elements), each tensor whole. So each tensor is computed by the same
+// per-tensor CPU kernel whatever the chunks. The chunks run at once, and
+// the op's loop in list order: a call whose written tensors share memory
+// with any other of its tensors (a list naming a tensor twice, views of one
+// storage) is not cut, nor is a call with a list of another length (not
+// one entry per tensor), or with results.
+void CallSplit::split_lists(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+  const auto first = std::find_if(arguments.begin(), arguments.end(), [](const c10::IValue& v) {
+    return v.isTensorList();
+  });
+  if (first == arguments.end() || !op.schema().returns().empty()) {
+    return;
+  }
+  const c10::List<at::Tensor> tensors = first->toTensorList();
+  const int64_t length = static_cast<int64_t>(tensors.size());
+  std::vector<int64_t> ends; // elements of the tensors up to each one, inclusive
+  int64_t total = 0;
+  for (const at::Tensor& t : tensors) {
+    total += t.numel();
+    ends.push_back(total);
+  }
+  const int64_t count = std::min(length, total / split_elements());
+  if (count < 2) {
+    return;
+  }
+  for (const c10::IValue& value : arguments) {
+    if (value.isList() && static_cast<int64_t>(value.toListRef().size()) != length) {
+      return;
+    }
+  }
+  if (written_tensor_shares_memory(op, arguments)) {
+    return;
+  }
+  list_bounds_.push_back(0);
+  int64_t last = 0; // the last tensor of the chunk so far
+  for (int64_t k = 1; k < count; ++k) {
+    const int64_t target = static_cast<int64_t>(static_cast<__int128>(total) * k / count);
+    while (ends[last] < target) {
+      ++last;
+    }
+    if (last + 1 > list_bounds_.back() && last + 1 < length) {
+      list_bounds_.push_back(last + 1);
+    }
+  }
+  list_bounds_.push_back(length);
+  if (list_bounds_.size() < 3) {
+    list_bounds_.clear();
+  }
+}
+
 bool CallSplit::fits_results(const torch::jit::Stack& results) const {
+  if (!list_bounds_.empty()) {
+    return results.empty();
+  }
   bool fits = split();
   for (const c10::IValue& value : results) {
     for_each_tensor(value, [&](const at::Tensor& t) {
@@ -327,6 +422,14 @@ bool CallSplit::fits_results(const torch::jit::Stack& results) const {
 
 torch::jit::Stack CallSplit::arguments_part(const torch::jit::Stack& arguments, size_t i) const {
   torch::jit::Stack part = arguments;
+  if (!list_bounds_.empty()) {
+    for (c10::IValue& value : part) {
+      if (value.isList()) {
+        value = list_part(value, list_bounds_[i], list_bounds_[i + 1]);
+      }
+    }
+    return part;
+  }
   size_t k = 0;
   for (c10::IValue& value : part) {
     map_tensors(value, [&](const at::Tensor& t) {

@@ -25,7 +25,9 @@
 //    channels of an unbatched input); 2-D max pooling of float/double, by
 //    openreg's own loop: planes (cpp/max_pool.cpp);
 //  - batch norm in training, forward and backward, by openreg's own loops:
-//    the channels (cpp/batch_norm.cpp).
+//    the channels (cpp/batch_norm.cpp);
+//  - in-place foreach ops (Note [Foreach ops] in fallback.cpp): whole tensors
+//    of their lists (Note [List chunks] in kernel_split.cpp).
 // Ops drawing random numbers are never split (their draws are laid out for
 // the whole tensor).
 #pragma once
@@ -126,10 +128,10 @@ class CallSplit {
   CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, int64_t largest_operand);
 
   size_t chunks() const {
-    return ranges_.count();
+    return list_bounds_.empty() ? ranges_.count() : list_bounds_.size() - 1;
   }
   bool split() const {
-    return ranges_.split();
+    return chunks() > 1;
   }
   // Whether the planned (or computed) results are what the rule splits:
   // every result tensor has the split rows along the results' dimension.
@@ -140,6 +142,12 @@ class CallSplit {
   torch::jit::Stack results_part(const torch::jit::Stack& results, size_t i) const;
 
  private:
+  // The rule of a foreach op (Note [List chunks] in kernel_split.cpp).
+  void split_lists(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments);
+
+  // A foreach op's chunk i: the tensors [list_bounds_[i], list_bounds_[i + 1])
+  // of every list argument; empty for the other rules.
+  std::vector<int64_t> list_bounds_;
   RowRanges ranges_;
   std::vector<int64_t> argument_dims_; // per argument tensor (for_each_tensor order); -1: whole
   int64_t result_dim_ = 0;

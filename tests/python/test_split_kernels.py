@@ -102,6 +102,10 @@ def run(route):
     pooled.square().sum().backward()
     outs[route + " max_pool2d"], outs[route + " max_pool2d indices"] = pooled, indices
     outs[route + " max_pool2d grad"] = p.grad
+    # An in-place foreach op, cut between whole tensors (Note [List chunks]).
+    params = [d[:300].clone(), d[0].clone(), d[300:700].clone(), d[1, :7].clone()]
+    torch._foreach_addcdiv_(params, [t.sin() for t in params], [t.cos().abs() + 1 for t in params], [0.1, -0.2, 0.3, 0.5])
+    outs[route + " foreach"] = torch.cat([t.flatten() for t in params])
     torch.openreg.synchronize()
 run("inline")
 run("queued")
@@ -151,6 +155,8 @@ def test_large_split_kernels_equal_cpu():
     i = img.clone().requires_grad_()
     y = conv(i)
     y.square().sum().backward()
+    params = [x[:300].clone(), x[0].clone(), x[300:700].clone(), x[1, :7].clone()]
+    torch._foreach_addcdiv_(params, [t.sin() for t in params], [t.cos().abs() + 1 for t in params], [0.1, -0.2, 0.3, 0.5])
     want = {
         "add": x + x.T, "sin": x.sin(), "mm": x @ x, "mm 64 rows": x[:64, :256] @ x[:256, :256],
         "addmm 64 rows": torch.addmm(x[0, :256], x[:64, :256], x[:256, :256]),
@@ -160,6 +166,7 @@ def test_large_split_kernels_equal_cpu():
         "batch_norm": normalized, "batch_norm running_mean": mean, "batch_norm running_var": var,
         "batch_norm grad_input": maps.grad, "batch_norm grad_weight": bn_weight.grad, "batch_norm grad_bias": bn_bias.grad,
         "max_pool2d": pooled, "max_pool2d indices": indices, "max_pool2d grad": p.grad,
+        "foreach": torch.cat([t.flatten() for t in params]),
     }
     for op, value in want.items():
         # Sums (the weight gradient, thousands) round in another order than
