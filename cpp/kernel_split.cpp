@@ -38,6 +38,10 @@ int64_t split_elements() {
   return elements;
 }
 
+int64_t chunks_for_work(int64_t work) {
+  return work < split_elements() ? 1 : std::max<int64_t>(2, work / split_elements());
+}
+
 void run_chunks(size_t chunks, const std::function<void(size_t)>& body) {
   if (chunks == 1) {
     body(0);
@@ -53,8 +57,7 @@ void run_chunks(size_t chunks, const std::function<void(size_t)>& body) {
 }
 
 RowRanges::RowRanges(int64_t rows, int64_t work, int64_t min_rows) : rows_(rows) {
-  const int64_t by_work = work / split_elements();
-  count_ = std::max<int64_t>(1, std::min(rows / std::max<int64_t>(min_rows, 1), by_work));
+  count_ = std::max<int64_t>(1, std::min(rows / std::max<int64_t>(min_rows, 1), chunks_for_work(work)));
 }
 
 at::Tensor RowRanges::narrow(const at::Tensor& t, int64_t dim, size_t i) const {
@@ -76,7 +79,7 @@ at::Tensor RowRanges::narrow(const at::Tensor& t, int64_t dim, size_t i) const {
 }
 
 PointwiseSplit::PointwiseSplit(c10::IntArrayRef shape, int64_t work) : result_dims_(static_cast<int64_t>(shape.size())) {
-  if (work < 2 * split_elements()) {
+  if (chunks_for_work(work) < 2) {
     return;
   }
   for (int64_t d = 0; d < result_dims_; ++d) {
@@ -231,9 +234,9 @@ CallSplit::CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> a
   // per element is not split. Comparing bare elements instead left a 2x2
   // max pooling of 100K elements (800K of work) whole: 3-5x CPU's time.
   // A matrix product of largest operand L has at most L^1.5 multiply-adds,
-  // under two chunks' work below this bound while a chunk is at most 131072
-  // elements (the default); with larger chunks, some products that could
-  // split stay whole (the decision still depends on shapes alone).
+  // so some products below this bound have a chunk's work and stay whole
+  // (up to 258K of work, 127x128 by 128x127, at the default chunk); the
+  // decision still depends on shapes alone.
   if (largest_operand * kHeaviestWorkPerElement < split_elements()) {
     return;
   }
@@ -378,7 +381,7 @@ void CallSplit::split_lists(const c10::OperatorHandle& op, c10::ArrayRef<c10::IV
     total += t.numel();
     ends.push_back(total);
   }
-  const int64_t count = std::min(length, total / split_elements());
+  const int64_t count = std::min(length, chunks_for_work(total));
   if (count < 2) {
     return;
   }

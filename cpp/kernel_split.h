@@ -1,8 +1,9 @@
 // Note [Split kernels]: a large device kernel uses every core, and its
 // results never depend on how many.
 //
-// A kernel whose work is at least twice OPENREG_SPLIT_ELEMENTS runs as
-// chunks: each chunk is the same single-threaded CPU kernel on views of the
+// A kernel whose work is at least OPENREG_SPLIT_ELEMENTS runs as chunks
+// (two, or one per OPENREG_SPLIT_ELEMENTS of work when that makes more):
+// each chunk is the same single-threaded CPU kernel on views of the
 // device memory that select a range of rows of its results (and the
 // arguments' rows that produce them). The ranges depend only on the shapes
 // and that option, so every run computes each element with the same
@@ -43,6 +44,10 @@ namespace openreg {
 
 // OPENREG_SPLIT_ELEMENTS: one chunk's work, in elements.
 int64_t split_elements();
+
+// The chunks a kernel of `work` elements of work is cut into, when its
+// shape allows (see the Note): 1 below split_elements(), then at least 2.
+int64_t chunks_for_work(int64_t work);
 
 // Runs `body(i)` for every chunk i < `chunks` on the kernel pool and returns
 // when all have finished; each chunk runs under KernelScope (Note [Kernel

@@ -56,7 +56,8 @@ pub struct Options {
     pub kernel_threads: usize,
     /// `OPENREG_SPLIT_ELEMENTS` (default `DEFAULT_SPLIT_ELEMENTS`): the work
     /// of one chunk of a split kernel, in elements; a kernel of less than
-    /// twice that runs whole (Note [Split kernels] in cpp/kernel_split.h).
+    /// that runs whole, one of more in at least two chunks (Note [Split
+    /// kernels] in cpp/kernel_split.h).
     /// Results may depend on it (chunk boundaries), never on the threads.
     pub split_elements: usize,
     /// `OPENREG_LOG`: the least severe message level shown (`crate::log`).
@@ -363,9 +364,12 @@ impl Options {
 
 /// What variables of each kind accept, as the error says it.
 const FLAG: &str = "0 or 1";
-/// Chunk work of a split kernel, measured on 2 cores: an add of 128K floats
-/// split in two or four ran 20-40% slower than whole, one of 256K as fast,
-/// one of 4M 2x faster (1.0x CPU) at 32K, 64K or 128K per chunk.
+/// Chunk work of a split kernel, measured on 2 cores: an add of 4M floats ran
+/// 2x faster (1.0x CPU) at 32K, 64K or 128K per chunk; one of 256K in eight
+/// chunks of 32K 1.15x slower than in two. Since pool threads poll between
+/// kernels (Note [Polling helpers]), two chunks pay from about 100K: an add
+/// of 100K, 150K and 200K floats took 0.89x, 0.68x and 0.63x its time whole
+/// (the split threshold was twice the chunk before, from when helpers slept).
 pub const DEFAULT_SPLIT_ELEMENTS: usize = 1 << 17;
 const MILLISECONDS: &str = "a non-negative integer (milliseconds)";
 const SIZE: &str = "a positive size in bytes, such as 4096, 512M or 4G";
