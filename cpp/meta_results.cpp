@@ -11,6 +11,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/SmallVector.h>
 
 #include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/device_memory.h"
@@ -73,8 +74,10 @@ bool results_depend_on_data(const c10::OperatorHandle& op) {
 namespace {
 
 // The openreg tensor arguments of a call, in stack order (lists flattened).
-std::vector<at::Tensor> openreg_tensors(c10::ArrayRef<c10::IValue> arguments) {
-  std::vector<at::Tensor> tensors;
+using OpenregTensors = c10::SmallVector<at::Tensor, 8>;
+
+OpenregTensors openreg_tensors(c10::ArrayRef<c10::IValue> arguments) {
+  OpenregTensors tensors;
   for (const c10::IValue& value : arguments) {
     for_each_tensor(value, [&](const at::Tensor& t) {
       if (t.is_privateuseone()) {
@@ -87,6 +90,8 @@ std::vector<at::Tensor> openreg_tensors(c10::ArrayRef<c10::IValue> arguments) {
 
 // The cache key of a call: everything a Meta kernel can read. False if an
 // argument is of a kind the key cannot hold (the call is planned uncached).
+// A lookup encodes one on every planned call, so it lives on the stack: the
+// words of a call of a few tensors, and its storages, fit inline.
 class Key {
  public:
   bool encode(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
@@ -188,8 +193,11 @@ class Key {
     words_.push_back(t.storage_offset());
     // Aliasing: the first tensor of this call with the same memory.
     const c10::StorageImpl* storage = t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
-    auto [it, inserted] = storages_.try_emplace(storage, storages_.size());
-    words_.push_back(static_cast<int64_t>(it->second));
+    auto first = std::find(storages_.begin(), storages_.end(), storage);
+    words_.push_back(static_cast<int64_t>(first - storages_.begin()));
+    if (first == storages_.end()) {
+      storages_.push_back(storage);
+    }
   }
 
   void push(Tag tag, int64_t value) {
@@ -197,8 +205,9 @@ class Key {
     words_.push_back(value);
   }
 
-  std::vector<int64_t> words_;
-  std::unordered_map<const c10::StorageImpl*, size_t> storages_;
+  c10::SmallVector<int64_t, 48> words_;
+  // The call's distinct storages, in order of first appearance.
+  c10::SmallVector<const c10::StorageImpl*, 8> storages_;
 };
 
 struct KeyHash {
@@ -225,6 +234,8 @@ struct PlannedReturn {
 };
 
 using Plan = std::vector<PlannedReturn>;
+// Shared by the cache and its lookups: a lookup does not copy the plan.
+using SharedPlan = std::shared_ptr<const Plan>;
 
 // Runs the Meta kernel on stand-ins of `arguments`; nullopt if it fails.
 std::optional<Plan> plan_with_meta_kernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
@@ -323,7 +334,7 @@ std::optional<Plan> plan_with_meta_kernel(const c10::OperatorHandle& op, c10::Ar
 // A plan not yet confirmed by the CPU kernel (see check_plan).
 struct PlanToCheck {
   Key key;
-  Plan plan;
+  SharedPlan plan;
   c10::OperatorName op;
 };
 
@@ -338,19 +349,19 @@ class PlanCache {
  public:
   enum class State : uint8_t { Unchecked, Usable, Unusable };
 
-  // A checked plan, or nullopt; `to_check` gets a plan that needs checking
+  // A checked plan, or null; `to_check` gets a plan that needs checking
   // (with `accept_unchecked`, that plan is returned instead).
-  std::optional<Plan> find(
+  SharedPlan find(
       const c10::OperatorHandle& op,
       c10::ArrayRef<c10::IValue> arguments,
       std::shared_ptr<PlanToCheck>& to_check,
       bool accept_unchecked) {
     if (!is_plannable(op)) {
-      return std::nullopt;
+      return nullptr;
     }
     Key key;
     if (!key.encode(op, arguments)) {
-      return std::nullopt;
+      return nullptr;
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -363,23 +374,24 @@ class PlanCache {
         if (found->second.second == State::Unchecked) {
           to_check = std::make_shared<PlanToCheck>(PlanToCheck{std::move(key), found->second.first, op.operator_name()});
         }
-        return std::nullopt;
+        return nullptr;
       }
     }
-    std::optional<Plan> planned = plan_with_meta_kernel(op, arguments);
+    std::optional<Plan> made = plan_with_meta_kernel(op, arguments);
+    SharedPlan planned = made ? std::make_shared<const Plan>(std::move(*made)) : nullptr;
     std::lock_guard<std::mutex> lock(mutex_);
     if (plans_.size() >= kMaxPlans) {
       plans_.clear();
     }
     if (planned) {
-      to_check = std::make_shared<PlanToCheck>(PlanToCheck{key, *planned, op.operator_name()});
+      to_check = std::make_shared<PlanToCheck>(PlanToCheck{key, planned, op.operator_name()});
     }
-    plans_.emplace(std::move(key), std::make_pair(planned.value_or(Plan()), planned ? State::Unchecked : State::Unusable));
+    plans_.emplace(std::move(key), std::make_pair(planned, planned ? State::Unchecked : State::Unusable));
     if (planned && accept_unchecked) {
       to_check = nullptr;
       return planned;
     }
-    return std::nullopt;
+    return nullptr;
   }
 
   bool is_plannable(const c10::OperatorHandle& op) {
@@ -414,7 +426,7 @@ class PlanCache {
   static constexpr size_t kMaxPlans = 16384;
   std::mutex mutex_;
   std::unordered_map<const c10::FunctionSchema*, bool> plannable_;
-  std::unordered_map<Key, std::pair<Plan, State>, KeyHash> plans_;
+  std::unordered_map<Key, std::pair<SharedPlan, State>, KeyHash> plans_;
   // Known to disagree (found by the op_db sweep behind queued work): the
   // batch norms' Meta kernels size the saved statistics of eval mode as
   // training mode's, where the CPU kernels return empty ones;
@@ -448,7 +460,7 @@ void resize_argument(const at::Tensor& argument, const PlannedTensor& planned) {
   argument.unsafeGetTensorImpl()->set_sizes_and_strides(planned.sizes, planned.strides, planned.storage_offset);
 }
 
-at::Tensor materialize(const PlannedTensor& planned, const std::vector<at::Tensor>& arguments, bool& any_new) {
+at::Tensor materialize(const PlannedTensor& planned, const OpenregTensors& arguments, bool& any_new) {
   switch (planned.kind) {
     case PlannedTensor::Kind::Undefined:
       return at::Tensor();
@@ -479,7 +491,7 @@ PlanLookup plan_results(
     c10::Device device,
     bool accept_unchecked) {
   PlanLookup lookup;
-  const std::vector<at::Tensor> tensors = openreg_tensors(arguments);
+  const OpenregTensors tensors = openreg_tensors(arguments);
   // Ops that reach the fallback with lazily conjugated or negated operands
   // (matmul, views: the Conjugate and Negative fallbacks let them through)
   // read the bits in the CPU kernel; a Meta stand-in does not carry them,
@@ -489,7 +501,7 @@ PlanLookup plan_results(
       return lookup;
     }
   }
-  std::optional<Plan> plan = plan_cache().find(op, arguments, lookup.to_check, accept_unchecked);
+  const SharedPlan plan = plan_cache().find(op, arguments, lookup.to_check, accept_unchecked);
   if (!plan) {
     return lookup;
   }
@@ -530,9 +542,9 @@ bool check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results, bo
         !t.is_neg() &&
         (planned.kind != PlannedTensor::Kind::ViewOfArgument || same_geometry(t, planned));
   };
-  bool usable = results.size() == check.plan.size();
+  bool usable = results.size() == check.plan->size();
   for (size_t i = 0; usable && i < results.size(); ++i) {
-    const PlannedReturn& ret = check.plan[i];
+    const PlannedReturn& ret = (*check.plan)[i];
     const c10::IValue& value = results[i];
     switch (ret.kind) {
       case PlannedReturn::Kind::None:
