@@ -107,21 +107,25 @@ RUNNING_ACROSS_RESTART = script(
     """
     import torch, torch_openreg
     a = torch.ones(2000, 2000, device="openreg:1")
+    big = torch.ones(4000, 4000, device="openreg:1")
     s = torch.openreg.Stream(device=1)
     with torch.openreg.stream(s):
         a @ a  # the first of a shape runs while the host waits (Note [Fallback])
+        big @ big
         t0 = time.perf_counter()
         a @ a  # queued, as the next one is: how long one runs
         s.synchronize()
         took = time.perf_counter() - t0
-        product = a @ a
+        # Eight times that work: it runs on across the restart even when the
+        # product timed above was slowed by other processes and this one is not.
+        product = big @ big
     time.sleep(took / 4)  # its worker has started it, and it runs on
     torch.openreg.stop_device(1)
     torch.openreg.restart_device(1)
     RESULT["running"] = not s.query()
     RESULT["sync"] = error_of(s.synchronize)
     RESULT["use"] = error_of(lambda: product.sum())
-    del a, product
+    del a, big, product
     with torch.openreg.stream(s):
         RESULT["after"] = torch.full((2,), 3.0, device="openreg:1").sum().item()
     done(RESULT)
