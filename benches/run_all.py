@@ -1,20 +1,9 @@
 """Every speed target of openreg, measured so that a verdict can be trusted
 on a noisy 2-core machine (issue "Speed at the limit").
 
-A figure is at least 11 alternations, each in fresh processes. For a ratio to
-CPU PyTorch, one alternation starts two processes, one per device (the CPU one
-does no openreg work), builds the work in each, and then times them in
-turns: 15 pairs of one batch on each device, with a short pause before each
-batch so the other process's threads are asleep. The alternation's value is
-the median of its 15 openreg / CPU batch ratios; which device goes first
-alternates from pair to pair and from alternation to alternation. The pairing
-is there because this machine switches between a fast and a slow state for
-seconds at a time (the same add of 4M floats takes 250 or 480 us a call):
-two processes timed one after the other can land in different states, while
-the two batches of a pair, tens of milliseconds apart, nearly always share
-one. Figures that are not ratios are one fresh process per alternation.
-
-A figure's value is the median of its alternations and its spread is their
+Each figure is measured in fresh processes: one for the CPU baseline and one
+for openreg, run back to back, their order alternating, at least 11 times.
+A figure's value is the median of those alternations and its spread is their
 minimum to maximum. The verdict is "met" only when the whole spread is on the
 target's side, "MISSED" when the whole spread is on the other side, and
 "straddles" otherwise. A single run proves nothing here: the same step has
@@ -34,21 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import select
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 MIN_ROUNDS = 11
-# A ratio alternation: batch pairs, and the pause before each batch, longer
-# than openreg's pool helpers poll and OpenMP's threads spin when idle.
-PAIRS = 15
-PAUSE_S = 0.02
-CHILD_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
@@ -57,9 +39,8 @@ class Figure:
     name: str
     target: float | None  # None: a reference figure, reported without a verdict
     unit: str  # "x" (openreg / CPU), "x speed" (higher is better), "us", "ms"
-    # In a child process: for a ratio, the workload `(function, calls per
-    # batch)` on "cpu" or "openreg"; the figure's own value for the others,
-    # measured on `device`.
+    # In a child process: seconds per call on "cpu" or "openreg" for a ratio;
+    # the figure's own value for the others, measured on `device`.
     measure: str
     device: str = "openreg"
 
@@ -107,28 +88,28 @@ def _per_call(fn, repeat: int, device: str = "cpu") -> float:
     return _benches()[0].median_seconds(fn, repeat, batches=9, device=device)
 
 
-# A ratio figure's workload on `device`: the function timed, and how many
-# calls a batch makes.
+def _timed(device: str, make: Callable, repeat: int) -> float:
+    return _per_call(make(device), repeat, device)
 
 
 def add_4m(device):
     import torch
 
     a, b = torch.randn(4_000_000, device=device), torch.randn(4_000_000, device=device)
-    return (lambda: a + b), 20
+    return _timed(device, lambda _: (lambda: a + b), 20)
 
 
 def matmul_1024(device):
     import torch
 
     a, b = torch.randn(1024, 1024, device=device), torch.randn(1024, 1024, device=device)
-    return (lambda: a @ b), 5
+    return _timed(device, lambda _: (lambda: a @ b), 5)
 
 
 def randn_1m(device):
     import torch
 
-    return (lambda: torch.randn(1 << 20, device=device)), 20
+    return _timed(device, lambda d: (lambda: torch.randn(1 << 20, device=d)), 20)
 
 
 def _mlp(device):
@@ -143,18 +124,15 @@ def _mlp(device):
 
 
 def mlp_step(device):
-    return _mlp(device), 50
+    return _timed(device, _mlp, 50)
 
 
 def cnn_step(device):
-    return _benches()[1].cnn(device), 10
+    return _timed(device, _benches()[1].cnn, 10)
 
 
 def transformer_step(device):
-    return _benches()[1].transformer(device), 10
-
-
-# The other figures' values, one fresh process each.
+    return _timed(device, _benches()[1].transformer, 10)
 
 
 def cpu_after_openreg(_device):
@@ -210,123 +188,37 @@ TOY_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOY_ENV = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "TORCH_OPENREG_CONFORMANCE_DEVICE": "toy"}
 
 
-def load_backend(device: str) -> None:
-    """Imports torch and the backend `device` needs (none for "cpu")."""
+def child(measure: str, device: str) -> None:
     import torch  # noqa: F401
 
     if device == "toy":
         sys.path.insert(0, TOY_DIR)
         import toy  # noqa: F401  (built by torch.utils.cpp_extension on first use)
-    elif device != "cpu":
+    else:
         import torch_openreg  # noqa: F401
 
-
-def child(measure: str, device: str) -> None:
-    """A figure that is not a ratio: prints its value."""
-    load_backend(device)
     print(json.dumps(globals()[measure](device)))
-
-
-def serve(workload: str, device: str) -> None:
-    """One side of a ratio alternation: builds the workload and runs one
-    untimed batch (CPU PyTorch's first large allocations fault their pages
-    in: its first batch of adds takes 2-10x the next), prints "ready", then
-    for each "batch" line on stdin times one batch and prints its seconds per
-    call (queued device work counts)."""
-    load_backend(device)
-    import torch
-
-    batch_seconds = _benches()[0].batch_seconds
-    fn, repeat = globals()[workload](device)
-    sync = torch.openreg.synchronize if device == "openreg" else (lambda: None)
-    batch_seconds(fn, repeat, sync)
-    print("ready", flush=True)
-    for line in sys.stdin:
-        if line.strip() != "batch":
-            break
-        print(json.dumps(batch_seconds(fn, repeat, sync)), flush=True)
 
 
 # ---- the parent: alternations, medians, verdicts ------------------------------
 
 
-def _child_env(device: str) -> dict:
-    return dict(os.environ, **(TOY_ENV if device == "toy" else {}))
-
-
 def run_child(measure: str, device: str) -> float:
     run = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--child", measure, device],
-        capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=_child_env(device),
+        capture_output=True, text=True, timeout=600, env=dict(os.environ, **(TOY_ENV if device == "toy" else {})),
     )
     if run.returncode != 0:
         raise RuntimeError(f"{measure} on {device} failed:\n{run.stderr[-2000:]}")
     return float(run.stdout.strip().splitlines()[-1])
 
 
-class Server:
-    """A `serve` child process, asked for one batch at a time."""
-
-    def __init__(self, workload: str, device: str):
-        self.name = f"{workload} on {device}"
-        self.stderr = tempfile.TemporaryFile(mode="w+")
-        self.process = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--serve", workload, device],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=_child_env(device),
-        )
-        if self._line() != "ready":
-            raise self._failure("did not start")
-
-    def _line(self) -> str:
-        ready, _, _ = select.select([self.process.stdout], [], [], CHILD_TIMEOUT_S)
-        return self.process.stdout.readline().strip() if ready else ""
-
-    def _failure(self, what: str) -> RuntimeError:
-        self.process.kill()
-        self.process.wait()
-        self.stderr.seek(0)
-        return RuntimeError(f"{self.name} {what}:\n{self.stderr.read()[-2000:]}")
-
-    def batch(self) -> float:
-        self.process.stdin.write("batch\n")
-        self.process.stdin.flush()
-        line = self._line()
-        if not line:
-            raise self._failure("gave no batch time")
-        return float(line)
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.stdin.close()
-            self.process.wait(timeout=CHILD_TIMEOUT_S)
-        self.stderr.close()
-
-
-def paired_alternation(figure: Figure, k: int) -> float:
-    """The median openreg / CPU ratio of PAIRS batch pairs, timed in turns in
-    two fresh processes (module docstring)."""
-    order = ("cpu", "openreg") if k % 2 == 0 else ("openreg", "cpu")
-    servers = {}
-    try:
-        for device in order:  # one at a time: building is not timed
-            servers[device] = Server(figure.measure, device)
-        ratios = []
-        for i in range(PAIRS):
-            seconds = {}
-            for device in order if i % 2 == 0 else order[::-1]:
-                time.sleep(PAUSE_S)
-                seconds[device] = servers[device].batch()
-            ratios.append(seconds["openreg"] / seconds["cpu"])
-        return statistics.median(ratios)
-    finally:
-        for server in servers.values():
-            server.close()
-
-
 def one_alternation(figure: Figure, k: int) -> float:
-    if figure.is_ratio:
-        return paired_alternation(figure, k)
-    return run_child(figure.measure, figure.device)
+    if not figure.is_ratio:
+        return run_child(figure.measure, figure.device)
+    order = ("cpu", "openreg") if k % 2 == 0 else ("openreg", "cpu")
+    seconds = {device: run_child(figure.measure, device) for device in order}
+    return seconds["openreg"] / seconds["cpu"]
 
 
 def verdict(figure: Figure, low: float, high: float) -> str:
@@ -378,13 +270,9 @@ def main() -> int:
     parser.add_argument("--markdown", help="write the table here")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--child", nargs=2, metavar=("MEASURE", "DEVICE"), help=argparse.SUPPRESS)
-    parser.add_argument("--serve", nargs=2, metavar=("WORKLOAD", "DEVICE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(*args.child)
-        return 0
-    if args.serve:
-        serve(*args.serve)
         return 0
     if args.rounds < MIN_ROUNDS:
         parser.error(f"--rounds must be at least {MIN_ROUNDS}: fewer alternations cannot support a verdict here")

@@ -14,7 +14,7 @@ import torch
 DEV = "openreg:0"
 
 
-def batch_seconds(fn, repeat: int, sync) -> float:
+def _batch_seconds(fn, repeat: int, sync) -> float:
     """Per-call time of `fn` over one batch of `repeat` calls, ending with
     `sync` (queued device work counts)."""
     t0 = time.perf_counter()
@@ -30,7 +30,7 @@ def median_seconds(fn, repeat: int, batches: int = 7, device: str = "cpu") -> fl
     sync = torch.openreg.synchronize if device.startswith("openreg") else (lambda: None)
     fn()
     sync()
-    return statistics.median(batch_seconds(fn, repeat, sync) for _ in range(batches))
+    return statistics.median(_batch_seconds(fn, repeat, sync) for _ in range(batches))
 
 
 def cpu_then_device(cases, device: str = DEV) -> list[tuple[float, float]]:
