@@ -9,7 +9,9 @@
 
 namespace openreg {
 
-const c10::KernelFunction* cxx_meta_kernel_for(const c10::OperatorHandle& op) {
+namespace {
+
+const std::unordered_multimap<std::string, const CxxMetaKernel*>& kernels_by_operator() {
   static const std::vector<CxxMetaKernel> kernels = generated_cxx_meta_kernels();
   static const std::unordered_multimap<std::string, const CxxMetaKernel*> by_operator = [] {
     std::unordered_multimap<std::string, const CxxMetaKernel*> map;
@@ -18,6 +20,17 @@ const c10::KernelFunction* cxx_meta_kernel_for(const c10::OperatorHandle& op) {
     }
     return map;
   }();
+  return by_operator;
+}
+
+} // namespace
+
+void index_cxx_meta_kernels() {
+  kernels_by_operator();
+}
+
+const c10::KernelFunction* cxx_meta_kernel_for(const c10::OperatorHandle& op) {
+  const auto& by_operator = kernels_by_operator();
   static std::mutex mutex;
   static std::unordered_map<const c10::FunctionSchema*, const c10::KernelFunction*> resolved;
 

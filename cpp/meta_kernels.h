@@ -31,6 +31,12 @@ CxxMetaKernel cxx_meta_kernel(const char* op, FuncType* function) {
           &c10::inferFunctionSchemaFlattenedReturns<FuncType>};
 }
 
+// Builds the index of the C++ Meta kernels by operator name, once per
+// process. register_ops calls it at load, so that the first plan of the
+// process does not wait for it: built there, the host's first call behind
+// queued work (x.sin() in a fresh process) takes 0.15 ms instead of 0.25 ms.
+void index_cxx_meta_kernels();
+
 // The C++ Meta kernel of `op`, or nullptr when it has none. A boxed call of
 // it takes and returns what `op` does.
 const c10::KernelFunction* cxx_meta_kernel_for(const c10::OperatorHandle& op);

@@ -19,6 +19,7 @@
 #include "torch_openreg/cpp/device_memory.h"
 #include "torch_openreg/cpp/dtype_policy.h"
 #include "torch_openreg/cpp/kernel_split.h"
+#include "torch_openreg/cpp/meta_kernels.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 namespace openreg {
@@ -287,6 +288,7 @@ void register_ops() {
   // Last: it sends ops that have no openreg kernel by now to the fallback.
   register_fallback_kernels(*kernels);
   kernels->finish();
+  index_cxx_meta_kernels();
 
   // The copy handles the conjugate and negative bits itself (cpu_view):
   // their fallbacks would materialize the source with another copy, which
