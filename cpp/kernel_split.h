@@ -2,7 +2,8 @@
 // results never depend on how many.
 //
 // A kernel whose work is at least OPENREG_SPLIT_ELEMENTS runs as chunks
-// (two, or one per OPENREG_SPLIT_ELEMENTS of work when that makes more):
+// (two, or more of 4 to 8 times that work each: Note [Chunk size] in
+// kernel_split.cpp):
 // each chunk is the same single-threaded CPU kernel on views of the
 // device memory that select a range of rows of its results (and the
 // arguments' rows that produce them). The ranges depend only on the shapes
@@ -42,11 +43,12 @@
 
 namespace openreg {
 
-// OPENREG_SPLIT_ELEMENTS: one chunk's work, in elements.
+// OPENREG_SPLIT_ELEMENTS: the work, in elements, from which a kernel splits.
 int64_t split_elements();
 
 // The chunks a kernel of `work` elements of work is cut into, when its
-// shape allows (see the Note): 1 below split_elements(), then at least 2.
+// shape allows (see the Note): 1 below split_elements(), then a power of
+// two, at least 2 (Note [Chunk size] in kernel_split.cpp).
 int64_t chunks_for_work(int64_t work);
 
 // Runs `body(i)` for every chunk i < `chunks` on the kernel pool and returns
@@ -55,8 +57,8 @@ int64_t chunks_for_work(int64_t work);
 // exception is rethrown, after all have finished.
 void run_chunks(size_t chunks, const std::function<void(size_t)>& body);
 
-// `rows` rows cut into nearly equal ranges, as many as `work` elements of
-// work allow (each at least split_elements()), each at least `min_rows`.
+// `rows` rows cut into nearly equal ranges, as many as chunks_for_work(work)
+// or fewer, each at least `min_rows`.
 class RowRanges {
  public:
   RowRanges() = default; // one range: nothing is split

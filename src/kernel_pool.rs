@@ -31,7 +31,8 @@
 //! shared order instead (the k-th claim taking chunk k), two threads took
 //! alternate chunks of the same arrays: the machine here moves between a
 //! fast and a slow state of memory traffic for seconds at a time, and an add
-//! of 4M floats in 30 chunks ran at 382-487 us a call in 11 processes, never
+//! of 4M floats in 30 chunks (4 since Note [Chunk size] in
+//! cpp/kernel_split.cpp) ran at 382-487 us a call in 11 processes, never
 //! in the fast state, where CPU PyTorch's add ran at 224-265 us (5 of 11
 //! processes); in lanes it reached 262-307 us (5 of 11). Which thread runs
 //! a chunk never changes a result.

@@ -54,10 +54,11 @@ pub struct Options {
     /// threads a split kernel runs on, its caller counted (Note [Kernel
     /// pool] in kernel_pool.rs). Results do not depend on it.
     pub kernel_threads: usize,
-    /// `OPENREG_SPLIT_ELEMENTS` (default `DEFAULT_SPLIT_ELEMENTS`): the work
-    /// of one chunk of a split kernel, in elements; a kernel of less than
-    /// that runs whole, one of more in at least two chunks (Note [Split
-    /// kernels] in cpp/kernel_split.h).
+    /// `OPENREG_SPLIT_ELEMENTS` (default `DEFAULT_SPLIT_ELEMENTS`): the
+    /// work, in elements, from which a kernel splits: a kernel of less runs
+    /// whole, one of more in two chunks, and one of more than 8 times that
+    /// in a power of two of chunks of 4 to 8 times that (Notes [Split
+    /// kernels] in cpp/kernel_split.h, [Chunk size] in kernel_split.cpp).
     /// Results may depend on it (chunk boundaries), never on the threads.
     pub split_elements: usize,
     /// `OPENREG_LOG`: the least severe message level shown (`crate::log`).
