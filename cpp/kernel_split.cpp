@@ -254,13 +254,13 @@ CallSplit::CallSplit(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> a
     return;
   }
   // The common case, decided cheaply (every fallback call asks): a call
-  // none of whose operands reaches split_elements() even at the heaviest weight
-  // per element is not split. Comparing bare elements instead left a 2x2
-  // max pooling of 100K elements (800K of work) whole: 3-5x CPU's time.
+  // none of whose operands reaches split_elements() even at the heaviest
+  // weight per element is not split. Comparing bare elements instead left a
+  // 2x2 max pooling of 100K elements (800K of work) whole: 3-5x CPU's time.
   // A matrix product of largest operand L has at most L^1.5 multiply-adds,
   // so some products below this bound reach it and stay whole (up to 258K
-  // of work, 127x128 by 128x127, at the default); the
-  // decision still depends on shapes alone.
+  // of work, 127x128 by 128x127, at the default); the decision still
+  // depends on shapes alone.
   if (largest_operand * kHeaviestWorkPerElement < split_elements()) {
     return;
   }
