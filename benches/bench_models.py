@@ -32,11 +32,11 @@ def add_1k(device):
     return lambda: a + b
 
 
-def train_step(model, x, y, loss_fn):
+def train_step(model, x, y, loss_fn, set_to_none=True):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def step():
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=set_to_none)
         loss_fn(model(x), y).backward()
         opt.step()
 

@@ -57,6 +57,11 @@ FIGURES = [
     Figure("add", "add 4M floats / CPU", 1.0, "x", "add_4m"),
     Figure("matmul", "matmul 1024x1024 / CPU", 1.05, "x", "matmul_1024"),
     Figure("mlp", "MLP train step (3 Linear 256, batch 64, SGD) / CPU", 0.9, "x", "mlp_step"),
+    # The same step replayed from a torch.accelerator.Graph on openreg, against
+    # CPU PyTorch's eager step: the device's work alone, with no host work
+    # beside it, so the floor under the figure above.
+    Figure("mlp_floor", "MLP train step replayed from a graph / CPU eager step (device work alone)", None, "x",
+           "mlp_replayed_step"),
     Figure("cnn", "small CNN train step / CPU", 0.9, "x", "cnn_step"),
     Figure("transformer", "TransformerEncoder train step / CPU", 1.0, "x", "transformer_step"),
     Figure("randn", "randn 1M / CPU", 0.9, "x", "randn_1m"),
@@ -112,7 +117,7 @@ def randn_1m(device):
     return _timed(device, lambda d: (lambda: torch.randn(1 << 20, device=d)), 20)
 
 
-def _mlp(device):
+def _mlp(device, keep_gradients=False):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -120,11 +125,30 @@ def _mlp(device):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256))
     x, y = torch.randn(64, 256), torch.randint(0, 256, (64,))
-    return _benches()[1].train_step(model.to(device), x.to(device), y.to(device), F.cross_entropy)
+    return _benches()[1].train_step(
+        model.to(device), x.to(device), y.to(device), F.cross_entropy, set_to_none=not keep_gradients
+    )
 
 
 def mlp_step(device):
     return _timed(device, _mlp, 50)
+
+
+def mlp_replayed_step(device):
+    """The MLP step on CPU; on openreg, the same step captured once in a
+    graph and replayed: only the device's kernels run, those of the eager
+    step and the zeroing of the gradients (a captured step's gradients keep
+    their memory from step to step)."""
+    if device == "cpu":
+        return mlp_step(device)
+    import torch
+
+    step = _mlp(device, keep_gradients=True)
+    step()  # the first step makes the gradients that the graph then reuses
+    graph = torch.accelerator.Graph()
+    with graph:
+        step()
+    return _per_call(graph.replay, 50, device)
 
 
 def cnn_step(device):
