@@ -59,6 +59,23 @@
 //! 8 of 16 processes of the MLP step ran so, 576-674 us a step against
 //! 477-526; with the rule, none of 16 (472-544 us).
 //!
+//! Note [Helper on the caller's core]: a helper never polls, nor joins a
+//! kernel, on the core its caller was on when it published its last kernel:
+//! there it only takes turns with the caller, so the kernel's chunks run
+//! one after the other. The scheduler, seeing two runnable threads on one
+//! core and none on the other, left them so for tens of milliseconds: an
+//! addmm of 64x256 by 256x256, queued 44 times, ran at 78-82 us a call (CPU
+//! PyTorch's single-threaded time, against 43-48 us with the two apart) for
+//! the first 1-8 batches in 6 of 8 fresh processes, stream worker and helper
+//! on one core while the host slept in a synchronize. Putting such a helper
+//! to sleep, for the caller's wake-up at its next kernel to place it anew,
+//! changed nothing (6 of 8): it was woken on the same core. So a helper
+//! found there moves itself off: it narrows its affinity to the process's
+//! other cores, which migrates it at once, and then gives the affinity
+//! back, leaving the scheduler free to place it later (2 of 24 processes
+//! still had such batches, 3 of 9 each). A helper that may use no other core
+//! leaves the kernel to its caller and sleeps.
+//!
 //! Note [Waiting caller]: the caller, its own chunks done, waits for the
 //! chunks helpers took the way a helper waits for a kernel: it spins
 //! `CALLER_SPINS` pauses (a helper's chunk ends about when the caller's
@@ -71,7 +88,7 @@
 
 use std::cell::Cell;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -188,6 +205,9 @@ struct Pool {
     in_use: Mutex<()>,
     /// Helpers started so far (started at the first split kernel).
     started: OnceLock<usize>,
+    /// The core the caller of the latest kernel was on as it published it,
+    /// or -1 (Note [Helper on the caller's core]).
+    caller_cpu: AtomicI32,
 }
 
 thread_local! {
@@ -214,6 +234,7 @@ fn pool() -> &'static Pool {
             finished: Condvar::new(),
             in_use: Mutex::new(()),
             started: OnceLock::new(),
+            caller_cpu: AtomicI32::new(-1),
         }
     })
 }
@@ -269,6 +290,43 @@ pub fn worker_going_idle() {
     WORKERS_WENT_IDLE.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Whether this thread runs on the core of the latest kernel's caller and
+/// cannot leave it: found there, it first moves to another core the process
+/// may use (Note [Helper on the caller's core]).
+fn stuck_on_callers_core(pool: &Pool) -> bool {
+    let caller = pool.caller_cpu.load(Ordering::Relaxed);
+    caller >= 0 && current_cpu() == caller && !move_off_core(caller)
+}
+
+/// The core the calling thread runs on, or -1.
+fn current_cpu() -> i32 {
+    // SAFETY: sched_getcpu takes nothing and only reads.
+    unsafe { libc::sched_getcpu() }
+}
+
+/// Moves the calling thread off core `cpu`: narrows its affinity to the
+/// cores it may use but `cpu`, which migrates it at once, then gives the
+/// affinity back, so that the scheduler stays free to place it. False when
+/// it may use no other core.
+fn move_off_core(cpu: i32) -> bool {
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: cpu_set_t is plain bits; the calls read and write only these
+    // sets, for the calling thread (pid 0).
+    unsafe {
+        let mut allowed: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, size, &mut allowed) != 0 {
+            return false;
+        }
+        let mut elsewhere = allowed;
+        libc::CPU_CLR(cpu as usize, &mut elsewhere);
+        if libc::CPU_COUNT(&elsewhere) == 0 || libc::sched_setaffinity(0, size, &elsewhere) != 0 {
+            return false;
+        }
+        libc::sched_setaffinity(0, size, &allowed);
+    }
+    true
+}
+
 fn helper(pool: &'static Pool) {
     let mut seen = 0;
     loop {
@@ -276,12 +334,15 @@ fn helper(pool: &'static Pool) {
         poll_yielding(HELPER_POLL, || {
             pool.generation.load(Ordering::Acquire) != seen
                 || WORKERS_WENT_IDLE.load(Ordering::Relaxed) != quiet
+                || stuck_on_callers_core(pool)
         });
         let job = {
             let mut published = pool.published.lock().unwrap_or_else(|e| e.into_inner());
-            if pool.generation.load(Ordering::Acquire) == seen {
-                // A publisher that bumps the generation after this sees the
+            if pool.generation.load(Ordering::Acquire) == seen || stuck_on_callers_core(pool) {
+                // Any kernel published now is left to its caller. A
+                // publisher that bumps the generation after this sees the
                 // count (both under the lock) and notifies.
+                seen = pool.generation.load(Ordering::Acquire);
                 pool.sleepers.fetch_add(1, Ordering::Relaxed);
                 while pool.generation.load(Ordering::Acquire) == seen {
                     published = pool.wake.wait(published).unwrap_or_else(|e| e.into_inner());
@@ -319,6 +380,7 @@ pub unsafe fn run_chunks(chunks: usize, body: ChunkBody, context: *mut c_void) {
     let some_sleep = {
         let mut published = pool.published.lock().unwrap_or_else(|e| e.into_inner());
         *published = Some(job.clone());
+        pool.caller_cpu.store(current_cpu(), Ordering::Relaxed);
         pool.generation.fetch_add(1, Ordering::Release);
         pool.sleepers.load(Ordering::Relaxed) > 0
     };
@@ -562,6 +624,49 @@ mod tests {
             seen[0].1 != seen[1].1
         });
         assert!(spread, "every chunk of 20 calls ran on the caller");
+    }
+
+    fn affinity() -> Vec<usize> {
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut set) }, 0);
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+            .collect()
+    }
+
+    #[test]
+    fn a_thread_moved_off_a_core_runs_elsewhere_with_its_affinity_back() {
+        std::thread::spawn(|| {
+            let allowed = affinity();
+            if allowed.len() < 2 {
+                return;
+            }
+            for _ in 0..5 {
+                let here = current_cpu();
+                assert!(move_off_core(here));
+                assert_ne!(current_cpu(), here, "still on core {here}");
+                assert_eq!(affinity(), allowed);
+            }
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_thread_with_one_core_stays_there() {
+        std::thread::spawn(|| {
+            let here = current_cpu();
+            let mut only: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            unsafe { libc::CPU_SET(here as usize, &mut only) };
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            assert_eq!(unsafe { libc::sched_setaffinity(0, size, &only) }, 0);
+            assert!(!move_off_core(here));
+            assert_eq!(current_cpu(), here);
+            assert_eq!(affinity(), [here as usize]);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
