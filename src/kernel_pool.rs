@@ -59,22 +59,24 @@
 //! 8 of 16 processes of the MLP step ran so, 576-674 us a step against
 //! 477-526; with the rule, none of 16 (472-544 us).
 //!
-//! Note [Helper on the caller's core]: a helper never polls, nor joins a
-//! kernel, on the core its caller was on when it published its last kernel:
-//! there it only takes turns with the caller, so the kernel's chunks run
-//! one after the other. The scheduler, seeing two runnable threads on one
-//! core and none on the other, left them so for tens of milliseconds: an
-//! addmm of 64x256 by 256x256, queued 44 times, ran at 78-82 us a call (CPU
-//! PyTorch's single-threaded time, against 43-48 us with the two apart) for
-//! the first 1-8 batches in 6 of 8 fresh processes, stream worker and helper
-//! on one core while the host slept in a synchronize. Putting such a helper
-//! to sleep, for the caller's wake-up at its next kernel to place it anew,
+//! Note [Helper on the caller's core]: a helper does not poll on the core
+//! its caller was on when it published its last kernel, nor join a kernel it
+//! finds published while there (one woken from sleep for a kernel joins it
+//! wherever it woke, and checks once it polls again): there it only takes
+//! turns with the caller, so the kernel's chunks run one after the other.
+//! The scheduler, seeing two runnable threads on one core and none on the
+//! other, left them so for tens of milliseconds: an addmm of 64x256 by
+//! 256x256, queued 44 times, ran at 78-82 us a call (CPU PyTorch's
+//! single-threaded time, against 43-48 us with the two apart) for the first
+//! 1-8 batches in 6 of 8 fresh processes, stream worker and helper on one
+//! core while the host slept in a synchronize. Putting such a helper to
+//! sleep, for the caller's wake-up at its next kernel to place it anew,
 //! changed nothing (6 of 8): it was woken on the same core. So a helper
 //! found there moves itself off: it narrows its affinity to the process's
-//! other cores, which migrates it at once, and then gives the affinity
-//! back, leaving the scheduler free to place it later (2 of 24 processes
-//! still had such batches, 3 of 9 each). A helper that may use no other core
-//! leaves the kernel to its caller and sleeps.
+//! other cores, which migrates it at once, and then gives the affinity back,
+//! leaving the scheduler free to place it later (2 of 24 processes still had
+//! such batches, 3 of 9 each). A helper that may use no other core leaves
+//! the kernel to its caller and sleeps.
 //!
 //! Note [Waiting caller]: the caller, its own chunks done, waits for the
 //! chunks helpers took the way a helper waits for a kernel: it spins
