@@ -21,6 +21,9 @@
 // directly, the overrideable op itself takes every input the math path
 // takes, and routes what the fused kernel cannot do (dropout included)
 // through its own math route (MathAttention below), forward and backward.
+// Its backward returns the gradient of a floating-point attn_bias when
+// grad_input_mask asks for it, as CUDA's memory-efficient kernel does
+// (computed on the math route: the CPU's fused backward has none).
 #include <mutex>
 
 #include <ATen/ATen.h>
@@ -262,11 +265,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backw
   if (!grad_out.defined()) {
     return {}; // nothing flows back
   }
-  TORCH_CHECK(
-      !grad_input_mask[3] || !attn_bias.defined(),
-      "_scaled_dot_product_fused_attention_overrideable_backward on openreg: no gradient for attn_bias "
-      "(torch._fused_sdp_choice chooses the math path for a mask that requires grad)");
-  if (fused_kernel_can_run(query, key, value, attn_bias, dropout_p, false)) {
+  const bool grad_bias = grad_input_mask[3] && attn_bias.defined();
+  TORCH_CHECK(!grad_bias || attn_bias.is_floating_point(),
+              "_scaled_dot_product_fused_attention_overrideable_backward on openreg: no gradient for a ",
+              attn_bias.scalar_type(), " attn_bias (only a floating-point, additive bias has one)");
+  if (!grad_bias && fused_kernel_can_run(query, key, value, attn_bias, dropout_p, false)) {
     auto [grad_query, grad_key, grad_value] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
         grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, additive_mask(attn_bias, query), scale);
     return {grad_query, grad_key, grad_value, at::Tensor()};
@@ -298,8 +301,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_attention_backw
     grouped.insert(grouped.end() - 2, g.size(-3) / like.size(-3));
     return g.reshape(grouped).sum(-3);
   };
+  // The bias is added to the scores, so its gradient is dS, summed over the
+  // dimensions along which it was broadcast.
+  at::Tensor grad_attn_bias = grad_bias ? ds.sum_to_size(attn_bias.sizes()).to(attn_bias.scalar_type()) : at::Tensor();
   return {grad_query.to(query.scalar_type()), heads_back(grad_key, key).to(key.scalar_type()),
-          heads_back(grad_value, value).to(value.scalar_type()), at::Tensor()};
+          heads_back(grad_value, value).to(value.scalar_type()), grad_attn_bias};
 }
 
 } // namespace

@@ -198,3 +198,44 @@ def test_overrideable_op_with_dropout_reproduces_its_mask_in_backward():
     assert not torch.equal(first.detach().cpu(), undropped.detach().cpu())
     with pytest.raises(RuntimeError, match=r"dropout_p must be in \[0, 1\)"):
         op(q, k, v, dropout_p=1.0)
+
+
+@pytest.mark.parametrize("bias_shape", [(2, 3, 5, 7), (1, 1, 5, 7), (5, 7), (2, 1, 1, 7)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_overrideable_backward_returns_the_bias_gradient(bias_shape, dtype):
+    """Asked for it (grad_input_mask[3]), the backward returns the gradient of
+    a floating-point attn_bias, broadcast dimensions summed, as CUDA's
+    memory-efficient kernel does; it equals the math path's, whose autograd
+    differentiates softmax(q k^T * scale + bias) v."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 8, dtype=dtype) for n in (5, 7, 7))
+    bias = torch.randn(bias_shape, dtype=dtype)
+    grad = torch.randn(2, 3, 5, 8, dtype=dtype)
+    refs = [t.double().requires_grad_() for t in (q, k, v, bias)]
+    want = torch.softmax(refs[0] @ refs[1].transpose(-2, -1) / 8**0.5 + refs[3], -1) @ refs[2]
+    want.backward(grad.double())
+
+    on_device = [t.to("openreg") for t in (q, k, v, bias)]
+    out = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(*on_device)
+    grads = torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(
+        grad.to("openreg"), *on_device, [True, True, True, True], *out[:6], 0.0, False, out[6], out[7]
+    )
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else {}
+    for got, ref in zip(grads, refs):
+        assert got.dtype == dtype and got.shape == ref.shape
+        torch.testing.assert_close(got.cpu().double(), ref.grad, **tol)
+    # Not asked for: no bias gradient.
+    unasked = torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(
+        grad.to("openreg"), *on_device, [True, True, True, False], *out[:6], 0.0, False, out[6], out[7]
+    )
+    assert unasked[3] is None or not unasked[3].defined()
+
+
+def test_overrideable_backward_refuses_a_gradient_for_a_boolean_mask():
+    q, k, v = (torch.randn(1, 2, 4, 8, device="openreg") for _ in range(3))
+    mask = torch.ones(4, 4, dtype=torch.bool, device="openreg")
+    out = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q, k, v, mask)
+    with pytest.raises(RuntimeError, match="no gradient for a Bool attn_bias"):
+        torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(
+            torch.randn_like(out[0]), q, k, v, mask, [True, True, True, True], *out[:6], 0.0, False, out[6], out[7]
+        )
