@@ -191,11 +191,15 @@ pub fn unchecked_set_device(index: i64) {
 /// forked child of an initialized parent is told, not left to hang, and the
 /// options, so an invalid `OPENREG_*` value fails here, every time, naming
 /// the variable (Note [Invalid options]); the runtime then stays
-/// uninitialized.
+/// uninitialized. The first initialization warns about `OPENREG_*`
+/// variables that are no option (Note [Unknown options]).
 pub fn init() -> Result<()> {
     check_not_in_bad_fork()?;
     options::get().check()?;
     if !INITIALIZED.swap(true, Ordering::AcqRel) {
+        for message in options::unknown_variables_in_environment() {
+            crate::error::warn_once(&message); // Note [Unknown options]
+        }
         crate::lifecycle::on_first_init();
     }
     Ok(())

@@ -363,6 +363,86 @@ impl Options {
     }
 }
 
+/// `OPENREG_*` variables that are not runtime options but are read by
+/// openreg's build (build.rs, cmake/OpenRegTorch.cmake): set in a runtime
+/// process they are no typo.
+const BUILD_VARIABLES: [&str; 2] = ["OPENREG_TORCH_DIR", "OPENREG_TORCH_CXX11_ABI"];
+
+/// Options an earlier version had, and the option that does their work now.
+const RENAMED: [(&str, &str); 1] = [("OPENREG_RANDOM_THREADS", "OPENREG_KERNEL_THREADS")];
+
+/// Note [Unknown options]: an `OPENREG_*` variable that is neither an
+/// option nor read by the build is most likely a typo or an option renamed
+/// since (`RENAMED`); it would otherwise be ignored in silence. Each gets
+/// one message naming it and the known options close to it: the option
+/// that replaced it, else those within a few edits of its name or sharing a
+/// word with it. `device::init` shows them once, as warnings, at the
+/// runtime's first initialization; they never fail it (an unknown variable
+/// changes nothing).
+pub fn unknown_variables_in_environment() -> Vec<String> {
+    unknown_variable_messages(std::env::vars_os().filter_map(|(name, _)| name.into_string().ok()))
+}
+
+/// One message for each unknown `OPENREG_*` name among `names` (Note
+/// [Unknown options]), in name order.
+fn unknown_variable_messages(names: impl IntoIterator<Item = String>) -> Vec<String> {
+    let options = Options::from_lookup(|_| None).values();
+    let known: Vec<&'static str> = options
+        .iter()
+        .map(|e| e.name)
+        .chain(BUILD_VARIABLES)
+        .collect();
+    let mut unknown: Vec<String> = names
+        .into_iter()
+        .filter(|name| name.starts_with("OPENREG_") && !known.contains(&name.as_str()))
+        .collect();
+    unknown.sort();
+    unknown
+        .into_iter()
+        .map(|name| {
+            let advice = match RENAMED.iter().find(|(old, _)| *old == name) {
+                Some((_, new)) => format!("it was replaced by {new}"),
+                None => match close_options(&name, &known) {
+                    close if close.is_empty() => {
+                        "see torch.openreg.options() or the README's options table".to_string()
+                    }
+                    close => format!("did you mean {}?", close.join(" or ")),
+                },
+            };
+            format!("{name} is not an openreg option and is ignored; {advice}")
+        })
+        .collect()
+}
+
+/// The known names within 3 edits of `name`, or sharing a word with it
+/// (words split at `_`, the `OPENREG` prefix not counted), closest first.
+fn close_options(name: &str, known: &[&'static str]) -> Vec<&'static str> {
+    let words = |n: &str| -> Vec<String> { n.split('_').skip(1).map(str::to_string).collect() };
+    let name_words = words(name);
+    let mut close: Vec<(usize, &'static str)> = known
+        .iter()
+        .map(|&k| (edit_distance(name, k), k))
+        .filter(|&(distance, k)| distance <= 3 || words(k).iter().any(|w| name_words.contains(w)))
+        .collect();
+    close.sort();
+    close.into_iter().map(|(_, k)| k).collect()
+}
+
+/// Levenshtein distance over bytes (the names are ASCII).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, &ca) in a.iter().enumerate() {
+        let mut current = vec![i + 1];
+        for (j, &cb) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(ca != cb);
+            current.push(substitution.min(previous[j + 1] + 1).min(current[j] + 1));
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
 /// What variables of each kind accept, as the error says it.
 const FLAG: &str = "0 or 1";
 /// Chunk work of a split kernel, measured on 2 cores: an add of 4M floats ran
@@ -752,6 +832,64 @@ mod tests {
         assert!(o.invalid.is_empty());
         assert!(o.check().is_ok());
         assert_eq!(o.source("OPENREG_DEVICE_COUNT"), "environment");
+    }
+
+    fn unknown(names: &[&str]) -> Vec<String> {
+        unknown_variable_messages(names.iter().map(|n| n.to_string()))
+    }
+
+    #[test]
+    fn known_options_and_build_variables_are_not_unknown() {
+        let every_option: Vec<&str> = parse(&[]).entries().iter().map(|e| e.name).collect();
+        assert!(unknown(&every_option).is_empty());
+        assert!(unknown(&[
+            "OPENREG_TORCH_DIR",
+            "OPENREG_TORCH_CXX11_ABI",
+            "PATH",
+            "TORCH_OPENREG_X"
+        ])
+        .is_empty());
+    }
+
+    #[test]
+    fn a_renamed_option_names_its_replacement() {
+        assert_eq!(
+            unknown(&["OPENREG_RANDOM_THREADS"]),
+            ["OPENREG_RANDOM_THREADS is not an openreg option and is ignored; it was replaced by OPENREG_KERNEL_THREADS"]
+        );
+    }
+
+    #[test]
+    fn a_typo_names_the_options_close_to_it() {
+        assert_eq!(
+            unknown(&["OPENREG_DEVICE_COUNTS"]),
+            [
+                "OPENREG_DEVICE_COUNTS is not an openreg option and is ignored; \
+              did you mean OPENREG_DEVICE_COUNT or OPENREG_DEVICE_MEMORY?"
+            ]
+        );
+        assert_eq!(
+            unknown(&["OPENREG_SANITISER"]),
+            ["OPENREG_SANITISER is not an openreg option and is ignored; did you mean OPENREG_SANITIZER?"]
+        );
+        assert_eq!(
+            unknown(&["OPENREG_ZZZZZZZ"]),
+            ["OPENREG_ZZZZZZZ is not an openreg option and is ignored; \
+              see torch.openreg.options() or the README's options table"]
+        );
+        // One message each, in name order.
+        let two = unknown(&["OPENREG_LOGS", "OPENREG_FAULTS"]);
+        assert!(
+            two[0].starts_with("OPENREG_FAULTS ") && two[1].starts_with("OPENREG_LOGS "),
+            "{two:?}"
+        );
+    }
+
+    #[test]
+    fn edit_distances() {
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("same", "same"), 0);
     }
 
     #[test]

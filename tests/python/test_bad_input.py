@@ -411,6 +411,40 @@ def test_invalid_options_raise_at_first_use_naming_each_variable():
     assert data["py_warnings"] == [], data["py_warnings"]  # the error is the report
 
 
+UNKNOWN_OPTIONS = script(
+    "unknown_options",
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import torch, torch_openreg
+        RESULT["at_import"] = [str(w.message) for w in caught if "openreg" in str(w.message)]
+        torch.ones(2, device="openreg")  # initializes the runtime
+        torch.openreg.init()
+        torch.ones(2, device="openreg:1")
+    RESULT["warnings"] = [str(w.message) for w in caught if "openreg" in str(w.message)]
+    RESULT["kernel_threads"] = torch.openreg.options()["OPENREG_KERNEL_THREADS"]["value"]
+    done(RESULT)
+    """,
+    env=clean_env(OPENREG_RANDOM_THREADS="3", OPENREG_SANITISER="1", OPENREG_TORCH_DIR="/nowhere"),
+)
+
+
+@pytest.mark.subprocess
+def test_unknown_options_warn_once_at_initialization_naming_the_close_ones():
+    """Note [Unknown options] in src/options.rs: a typo or a renamed option
+    gets one warning at the runtime's first initialization, naming what is
+    close; a variable the build reads is no typo; nothing fails."""
+    data = UNKNOWN_OPTIONS.result().check_ok()
+    assert data["at_import"] == []
+    warnings = [w.split(" (Triggered internally")[0] for w in data["warnings"]]
+    assert warnings == [
+        "openreg: OPENREG_RANDOM_THREADS is not an openreg option and is ignored; "
+        "it was replaced by OPENREG_KERNEL_THREADS",
+        "openreg: OPENREG_SANITISER is not an openreg option and is ignored; did you mean OPENREG_SANITIZER?",
+    ], data["warnings"]
+    assert data["kernel_threads"] == "0"  # the old name set nothing
+
+
 # Non-default options: four devices, and synchronous launches.
 OPTIONS = script(
     "device_count=4,launch_blocking=1",
