@@ -49,7 +49,11 @@ class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if fullname != self._name:
             return None
-        sys.meta_path.remove(self)  # one module, once
+        # One module, once. NB: the import system is iterating over the list
+        # sys.meta_path names now; removing this finder from that list would
+        # make it skip the next finder for this lookup, so sys.meta_path is
+        # bound to a new list instead.
+        sys.meta_path = [finder for finder in sys.meta_path if finder is not self]
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is None or spec.loader is None:
             return spec

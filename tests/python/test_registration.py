@@ -138,3 +138,32 @@ def test_ctypes_load_alone_registers_backend():
     assert data["stream"][0] == "openreg:1" and data["stream"][1] > 0
     assert data["event_query"] is True and data["stream_query"] is True
     assert data["imported_at_end"] is False
+
+
+def test_after_import_leaves_the_other_finders_asked():
+    """A registration waiting for a module (Note [Registering with lazily
+    imported torch modules]) takes itself out once that module is looked up,
+    without making the import system skip the finder after it."""
+    import importlib.abc
+    import sys
+
+    from torch_openreg._after_import import after_import
+
+    asked = []
+
+    class Probe(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname == "openreg_no_such_module":
+                asked.append(fullname)
+            return None
+
+    probe = Probe()
+    after_import("openreg_no_such_module", lambda module: None)
+    sys.meta_path.insert(1, probe)  # right after the waiting registration
+    try:
+        with pytest.raises(ImportError):
+            import openreg_no_such_module  # noqa: F401
+    finally:
+        sys.meta_path.remove(probe)
+    assert asked == ["openreg_no_such_module"]
+    assert not any(type(f).__module__ == "torch_openreg._after_import" and getattr(f, "_name", None) == "openreg_no_such_module" for f in sys.meta_path)
