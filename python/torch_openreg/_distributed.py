@@ -181,6 +181,18 @@ class OpenRegGloo(C10dBackend):
     def getBackendName(self) -> str:  # noqa: N802  (the C++ method PyBackend overrides)
         return BACKEND_NAME
 
+    # NB: torch 2.15's PyBackend answers these C++ capability queries by
+    # reading the Python attribute of the same name, and a subclass that does
+    # not define one finds Backend's own property, whose getter is that C++
+    # query again: unbounded recursion (init_process_group(device_id=...)
+    # reads supports_splitting). Each gives Backend's default.
+    supports_splitting = property(lambda self: False)
+    supports_coalescing = property(lambda self: False)
+    _supports_time_estimate = property(lambda self: False)
+    supports_shrinking = property(lambda self: False)
+    supports_reconfigure = property(lambda self: False)
+    supports_window = property(lambda self: False)
+
     def _run(self, name: str, tensor_args: Sequence[Any], results: list[torch.Tensor], issue: Callable[..., dist.Work]) -> dist.Work:
         """Issues ``issue(*views of tensor_args)`` on gloo in stream order; the
         returned work's future yields ``results``."""

@@ -54,3 +54,14 @@ _after_import.after_import("torch._dynamo.device_interface", _dynamo_interface.r
 # the main thread. OPENREG_AUTOGRAD_ON_CALLER=0 keeps autograd's default.
 if openreg.options()["OPENREG_AUTOGRAD_ON_CALLER"]["value"] == "1":
     torch.autograd.set_multithreading_enabled(False)  # "can be used as a function"
+
+# Lightning: Trainer(accelerator="openreg") and Fabric(accelerator="openreg"),
+# registered when Lightning's accelerators load, from either of its packages
+# (torch_openreg/_lightning.py).
+from torch_openreg import _lightning  # noqa: E402
+
+_after_import.after_import("pytorch_lightning.accelerators", _lightning.register_trainer)
+_after_import.after_import("lightning_fabric.accelerators", _lightning.register_fabric)
+_after_import.after_import("lightning.pytorch.accelerators", _lightning.register_trainer)
+_after_import.after_import("lightning.fabric.accelerators", _lightning.register_fabric)
+

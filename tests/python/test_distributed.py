@@ -54,6 +54,27 @@ def test_host_view_aliases_device_memory():
     assert t.cpu().eq(-1.0).all()
 
 
+def test_capability_properties():
+    """c10d reads a backend's capabilities as Python properties; for a Python
+    backend that does not define one, torch 2.15 recurses without end (so
+    init_process_group(device_id=openreg:N), as Lightning's DDP calls it,
+    failed). Backend's defaults, all False."""
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import ProcessGroup
+
+    from torch_openreg._distributed import OpenRegGloo
+
+    store = dist.HashStore()
+    group = ProcessGroup(store, 0, 1)
+    group._register_backend(
+        torch.device("openreg"), ProcessGroup.BackendType.CUSTOM, OpenRegGloo(dist.ProcessGroupGloo(store, 0, 1))
+    )
+    backend = group._get_backend(torch.device("openreg:0"))
+    names = ["supports_splitting", "supports_coalescing", "_supports_time_estimate", "supports_shrinking"]
+    names += ["supports_reconfigure", "supports_window"]
+    assert {name: getattr(backend, name) for name in names} == dict.fromkeys(names, False)
+
+
 @pytest.mark.subprocess
 @pytest.mark.parametrize("backend", ["none", "gloo", "mixed"])
 def test_backend_choice(backend):
