@@ -65,3 +65,11 @@ _after_import.after_import("lightning_fabric.accelerators", _lightning.register_
 _after_import.after_import("lightning.pytorch.accelerators", _lightning.register_trainer)
 _after_import.after_import("lightning.fabric.accelerators", _lightning.register_fabric)
 
+# HF accelerate and transformers' Trainer: one device for both (Note [HF
+# Trainer's device with openreg]), and a warning where a launch of several
+# processes would train each alone (Note [accelerate across processes with
+# openreg]).
+from torch_openreg import _huggingface  # noqa: E402
+
+_after_import.after_import("transformers.training_args", _huggingface.default_trainer_device)
+_after_import.after_import("accelerate.state", _huggingface.warn_undistributed)
