@@ -11,6 +11,9 @@ PYTHON=${PYTHON:-python3}
 export PYTHON=$("$PYTHON" -c 'import sys; print(sys.executable)')
 
 bash scripts/install.sh --no-demo || exit 1
+# The training libraries (the package's `training` extra): their
+# integration tests skip without them.
+"$PYTHON" -m pip install -q --disable-pip-version-check -r requirements-training.txt || exit 1
 
 # The PyPI cmake and ninja wheels install their programs beside the package.
 CMAKE_BIN=$("$PYTHON" -c 'import cmake; print(cmake.CMAKE_BIN_DIR)')
