@@ -293,6 +293,36 @@ def test_compiled_kernels_under_memory_protection():
 # (Note [Graphed compile backend] in python/torch_openreg/_graph_backend.py)
 
 
+class _GraphEvents:
+    def __init__(self):
+        self.captured: list[str] = []  # the names of the graphs captured, in order
+        self.replayed: list[str] = []  # and replayed
+
+
+@pytest.fixture
+def graph_events(monkeypatch):
+    """Counts the graphs the graphed backends capture and replay, by the
+    name of their compiled graph ("forward", "backward", "inference")."""
+    from torch_openreg import _graph_backend
+
+    events = _GraphEvents()
+    capture, replay = _graph_backend._GraphedCallable._capture, _graph_backend._GraphedCallable._replay
+
+    def counted_capture(self, inputs):
+        recording = capture(self, inputs)
+        if recording is not None:
+            events.captured.append(self._name)
+        return recording
+
+    def counted_replay(self, recording, inputs):
+        events.replayed.append(self._name)
+        return replay(self, recording, inputs)
+
+    monkeypatch.setattr(_graph_backend._GraphedCallable, "_capture", counted_capture)
+    monkeypatch.setattr(_graph_backend._GraphedCallable, "_replay", counted_replay)
+    return events
+
+
 def test_graphed_backend_is_found_by_name():
     """dynamo finds the backend through the package's entry point."""
     assert "openreg_graphs" in torch._dynamo.list_backends()
@@ -364,22 +394,11 @@ def test_openreg_backend_is_found_by_name():
     assert "openreg" in torch._dynamo.list_backends()
 
 
-def test_openreg_backend_trains_as_on_the_cpu(monkeypatch):
+def test_openreg_backend_trains_as_on_the_cpu(graph_events):
     """A small model's forward and backward: Inductor generates their kernels
     (stream launchers), the graphs are replayed from the second step on, and
     losses and gradients are the CPU's."""
     from torch._inductor.utils import run_and_get_code
-
-    from torch_openreg import _graph_backend
-
-    replayed = []
-    replay = _graph_backend._GraphedCallable._replay
-
-    def counted_replay(self, inputs):
-        replayed.append(self._name)
-        return replay(self, inputs)
-
-    monkeypatch.setattr(_graph_backend._GraphedCallable, "_replay", counted_replay)
 
     model = _mlp()
     on_cpu = copy.deepcopy(model)
@@ -402,4 +421,109 @@ def test_openreg_backend_trains_as_on_the_cpu(monkeypatch):
         for p, q in zip(model.parameters(), on_cpu.parameters()):
             torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)
             p.grad, q.grad = None, None
-    assert replayed == ["forward", "backward"] * 2
+    assert graph_events.captured == ["forward", "backward"]
+    assert graph_events.replayed == ["forward", "backward"] * 2
+
+
+# --- both graphed backends: a graph per input signature ------------------------
+# (Note [Graphed compile backend] in python/torch_openreg/_graph_backend.py)
+
+SIZES = (4, 8, 3, 16, 8)  # the second 8 is the only size seen before
+
+
+def _small_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.Linear(8, 3))
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic_dynamic", "dynamic"])
+@pytest.mark.parametrize("backend", ["openreg_graphs", "openreg"])
+def test_graphed_calls_match_eager_over_changing_sizes(backend, dynamic, graph_events):
+    """Each batch size gets its own graph, recorded the first time it comes
+    and replayed when it comes again; a graph recorded for one size is never
+    replayed for another. With dynamic=None dynamo compiles the first size
+    statically and the others as one dynamic graph; with dynamic=True one
+    dynamic graph serves them all (the int sizes are among its inputs)."""
+    model = _small_net().to(DEV)
+    net = copy.deepcopy(model)
+    compiled = torch.compile(net, backend=backend, dynamic=dynamic)
+    for n in SIZES:
+        x = torch.randn(n, 6, device=DEV)
+        out, expected = compiled(x), model(x)
+        out.square().sum().backward()
+        expected.square().sum().backward()
+        torch.testing.assert_close(out.cpu(), expected.cpu())
+        for p, q in zip(net.parameters(), model.parameters()):
+            torch.testing.assert_close(p.grad.cpu(), q.grad.cpu())
+            p.grad, q.grad = None, None
+    assert graph_events.captured == ["forward", "backward"] * 4
+    assert graph_events.replayed == ["forward", "backward"]
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic_dynamic", "dynamic"])
+def test_graphed_training_with_a_smaller_last_batch(dynamic):
+    """Training steps whose last batch is smaller: the parameters end as
+    eager training on openreg leaves them, and as on the CPU."""
+    torch.manual_seed(4)
+    batches = [(torch.randn(n, 12), torch.randint(0, 5, (n,))) for n in (8, 8, 8, 5)]
+    model = _mlp()
+
+    def train(net, device, compile_backend=None):
+        net = net.to(device)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        forward = torch.compile(net, backend=compile_backend, dynamic=dynamic) if compile_backend else net
+        for x, y in batches:
+            F.cross_entropy(forward(x.to(device)), y.to(device)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return [p.detach().cpu() for p in net.parameters()]
+
+    graphed = train(copy.deepcopy(model), DEV, "openreg_graphs")
+    eager = train(copy.deepcopy(model), DEV)
+    on_cpu = train(copy.deepcopy(model), "cpu")
+    for g, e, c in zip(graphed, eager, on_cpu):
+        torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(g, c, rtol=1e-5, atol=1e-5)
+
+
+def test_graphed_recording_stops_at_the_bound(monkeypatch, graph_events):
+    """Past MAX_GRAPHS input signatures, a new one runs eagerly, with one
+    warning that names the backend, the graph and the bound; the signatures
+    recorded keep replaying."""
+    from torch_openreg import _graph_backend
+
+    monkeypatch.setattr(_graph_backend, "MAX_GRAPHS", 2)
+    f = torch.compile(lambda x: x.sin() * x.shape[0], backend="openreg_graphs", dynamic=True)
+    results = {}
+    with pytest.warns(UserWarning) as caught:
+        for n in (4, 8, 3, 4, 8, 16, 3):
+            x = torch.randn(n)
+            results.setdefault(n, []).append((f(x.to(DEV)).cpu(), x.sin() * n))
+    messages = [str(w.message) for w in caught if "MAX_GRAPHS" in str(w.message)]
+    assert len(messages) == 1
+    assert messages[0].startswith("openreg_graphs: the inference graph runs eagerly for new input signatures")
+    assert "recorded 2 graphs, the bound torch_openreg._graph_backend.MAX_GRAPHS" in messages[0]
+    for pairs in results.values():
+        for out, expected in pairs:
+            torch.testing.assert_close(out, expected)
+    assert graph_events.captured == ["inference"] * 2
+    assert graph_events.replayed == ["inference"] * 2  # the second 4 and 8
+
+
+def test_graphed_parameter_moved_to_new_memory_gets_a_new_graph(graph_events):
+    """A graph uses the parameters in place, at the addresses it was recorded
+    on: a parameter given new memory (``.data =``) is a new signature, and the
+    results follow the new values."""
+    lin = nn.Linear(4, 3).to(DEV)
+    compiled = torch.compile(lin, backend="openreg_graphs")
+    x = torch.randn(2, 4, device=DEV)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x).cpu(), lin(x).cpu())
+        old_weight = lin.weight.data
+        lin.weight.data = torch.randn(3, 4, device=DEV)
+        torch.testing.assert_close(compiled(x).cpu(), lin(x).cpu())
+        lin.weight.data = old_weight  # the first graph's memory again
+        torch.testing.assert_close(compiled(x).cpu(), lin(x).cpu())
+    assert graph_events.captured == ["inference"] * 2
+    assert graph_events.replayed == ["inference"] * 2
