@@ -66,6 +66,15 @@ where it is (Lightning has moved it to the rank's device already).
 (Lightning also passes ``device_id=openreg:N`` to ``init_process_group``,
 ddp.py:206, which asks the backend ``supports_splitting``: see the NB in
 ``OpenRegGloo``.)
+
+Mixed precision: for ``precision="16-mixed"`` or ``"bf16-mixed"`` the
+connector gives every accelerator but "cpu" and "mps" a ``MixedPrecision``
+for "cuda" (accelerator_connector.py:489), whose autocast and GradScaler
+would then target CUDA, which is absent. ``setup(trainer)``, before the
+first step, points such a plugin at openreg: its autocast device, and a
+``GradScaler("openreg")`` in place of the CUDA one Lightning made (with the
+defaults Lightning gave it). A plugin the user made for another device than
+"cuda" is left as it is.
 """
 
 from __future__ import annotations
@@ -197,9 +206,9 @@ def register_trainer(accelerators: ModuleType) -> None:
             torch.openreg.set_device(device)
 
         def setup(self, trainer: Any) -> None:
-            """Puts a single-device strategy on its openreg device, and keeps
-            DDP off CUDA streams (Note [Lightning's single device for an
-            accelerator it does not know])."""
+            """Puts a single-device strategy on its openreg device, keeps DDP
+            off CUDA streams, and points mixed precision at openreg (Note
+            [Lightning's single device for an accelerator it does not know])."""
             # At fit time: the strategies package is whole by now, which it
             # may not be while the accelerators package loads.
             strategies = importlib.import_module(f"{package}.strategies")
@@ -210,6 +219,12 @@ def register_trainer(accelerators: ModuleType) -> None:
                 self.setup_device(device)
             if isinstance(strategy, strategies.DDPStrategy):
                 strategy.determine_ddp_device_ids = lambda: None
+            precision = strategy.precision_plugin
+            mixed_precision = importlib.import_module(f"{package}.plugins.precision").MixedPrecision
+            if isinstance(precision, mixed_precision) and precision.device == "cuda":
+                precision.device = NAME
+                if precision.scaler is not None:
+                    precision.scaler = torch.amp.GradScaler(NAME)
 
         def get_device_stats(self, device: Any) -> dict[str, Any]:
             """The caching allocator's statistics of ``device``

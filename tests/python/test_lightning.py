@@ -161,6 +161,47 @@ def test_fit_on_one_device_equals_cpu(devices):
         torch.testing.assert_close(torch.tensor(value), torch.tensor(cpu.final_parameters()[name]), rtol=0, atol=1e-7)
 
 
+class _AutocastRecorder(training.Regression):
+    def training_step(self, batch, batch_idx):
+        _, inputs, _ = batch
+        self.autocast = getattr(self, "autocast", []) + [
+            (torch.is_autocast_enabled("openreg"), torch.get_autocast_dtype("openreg"), self.layer(inputs).dtype)
+        ]
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("precision, dtype", [("16-mixed", torch.float16), ("bf16-mixed", torch.bfloat16)])
+def test_mixed_precision_runs_openreg_autocast_and_scaler(precision, dtype):
+    """Lightning's mixed precision targets CUDA for any accelerator it does
+    not name; on openreg it autocasts openreg (CUDA's policy) and, for
+    float16, scales the loss with an openreg GradScaler: the fit equals the
+    same loop written with torch.autocast("openreg") and GradScaler("openreg")."""
+    torch.set_num_threads(1)
+    model = _AutocastRecorder()
+    fit = training.trainer(accelerator="openreg", devices=1, precision=precision)
+    fit.fit(model, training.loader(4))
+    assert model.autocast == [(True, dtype, dtype)] * 4
+    scaler = fit.strategy.precision_plugin.scaler
+    assert fit.strategy.precision_plugin.device == "openreg"
+    assert (scaler is not None) == (precision == "16-mixed")
+
+    reference = training.Regression().to("openreg")
+    optimizer = reference.configure_optimizers()
+    manual_scaler = torch.amp.GradScaler("openreg", enabled=precision == "16-mixed")
+    for _, inputs, targets in training.loader(4):
+        inputs, targets = inputs.to("openreg"), targets.to("openreg")
+        with torch.autocast("openreg", dtype=dtype):
+            loss = torch.nn.functional.mse_loss(reference.layer(inputs), targets)
+        manual_scaler.scale(loss).backward()
+        manual_scaler.step(optimizer)
+        manual_scaler.update()
+        optimizer.zero_grad()
+    if scaler is not None:
+        assert scaler.get_scale() == manual_scaler.get_scale()
+    for name, value in model.final_parameters().items():
+        torch.testing.assert_close(torch.tensor(value), torch.tensor(reference.final_parameters()[name]), rtol=0, atol=0)
+
+
 def test_explicit_single_device_strategy():
     from pytorch_lightning.strategies import SingleDeviceStrategy
 
