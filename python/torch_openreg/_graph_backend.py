@@ -33,13 +33,30 @@ record one per distinct set of int inputs (the sizes dynamic shapes pass):
   clones of the static outputs (so a result stays valid after the next
   call, unlike graph trees' outputs, which the next replay overwrites); an
   output that is one of the inputs (a parameter the forward saves for the
-  backward) is returned as that input, as eagerly.
+  backward) is returned as that input, as eagerly;
+- an input the compiled graph writes in place (Inductor's
+  ``mutated_input_idxs``; for an FX graph, a placeholder it ``aten.copy_``-es
+  into) is, if copied, copied back from its static copy into the caller's
+  tensor after each replay, on the current stream. It is copied rather
+  than used in place because its address may change on every call (a
+  batch, a saved activation), and a graph per address would reach
+  ``MAX_GRAPHS`` at once. Which graphs write inputs (torch 2.15): Inductor
+  keeps inference and forward input mutations in its graphs;
+  ``openreg_graphs`` leaves AOT Autograd's ``keep_inference_input_mutations``
+  off, so AOT Autograd returns those as outputs and copies them into the
+  inputs itself, and only a backward writes inputs (an input of the forward
+  it saved, written in place by a custom backward). BatchNorm's running
+  statistics are buffers, used in place: their updates are already the
+  caller's.
 
 A compiled graph records at most ``MAX_GRAPHS`` graphs (8, the count past
 which graph trees warn, ``cudagraph_dynamic_shape_warn_limit``), each with
 its pool and static copies. Recording stops at that bound, at inputs not
-all on one openreg device, and at a graph that cannot be captured (an op
-that synchronizes with the host, a data-dependent shape), with one warning
+all on one openreg device, at a call with no tensor inputs (an FX graph
+makes its tensors on the device current at each call, which signatures do
+not hold; running it eagerly is exactly eager, and such a graph has no
+inputs to copy), and at a graph that cannot be captured (an op that
+synchronizes with the host, a data-dependent shape), with one warning
 naming the backend, the graph and why (at the bound: ``MAX_GRAPHS``, to be
 raised for more): from then on the signatures recorded replay and every
 other runs eagerly. Random ops draw new numbers on each replay (Note
@@ -87,6 +104,7 @@ class _Recording(NamedTuple):
 
     graph: torch.accelerator.Graph
     copies: list[tuple[int, torch.Tensor]]  # (input index, its static copy)
+    written: list[tuple[int, torch.Tensor]]  # the copies the graph writes, copied back into their inputs
     outputs: list[Any]  # the static outputs, which each replay overwrites; None where an input is returned
     returned_inputs: list[tuple[int, int]]  # (output index, input index): outputs that are inputs
 
@@ -95,14 +113,23 @@ class _GraphedCallable:
     """A boxed callable (it takes the list of inputs and empties it, as AOT
     Autograd calls compiled graphs) that records a graph of ``fn`` for each
     input signature it meets and replays it when that signature recurs
-    (Note [Graphed compile backend])."""
+    (Note [Graphed compile backend]). ``fn`` writes the inputs at
+    ``mutated_indices`` in place and no others."""
 
-    def __init__(self, fn: Callable[[list[Any]], Any], in_place_indices: set[int], backend: str, name: str):
+    def __init__(
+        self,
+        fn: Callable[[list[Any]], Any],
+        in_place_indices: set[int],
+        mutated_indices: set[int],
+        backend: str,
+        name: str,
+    ):
         # An instance attribute: wrappers (torch._dynamo.disable) copy
         # __dict__, so AOT Autograd still sees a boxed callable through them.
         self._boxed_call = True
         self._fn = fn
         self._in_place_indices = in_place_indices  # completed by the first recording
+        self._mutated_indices = mutated_indices
         self._backend = backend
         self._name = name
         self._recordings: dict[tuple[Any, ...], _Recording] = {}
@@ -143,6 +170,8 @@ class _GraphedCallable:
                 f"torch_openreg._graph_backend.MAX_GRAPHS = {MAX_GRAPHS} (raise it to record more)"
             )
         devices = {value.device for value in inputs if isinstance(value, torch.Tensor)}
+        if not devices:
+            return "it has no tensor inputs"
         if any(d.type != _DEVICE_TYPE for d in devices):
             return f"inputs on {sorted(str(d) for d in devices)}, not all on one openreg device"
         if len(devices) > 1:
@@ -182,22 +211,27 @@ class _GraphedCallable:
             for i, static in enumerate(static_inputs)
             if i not in self._in_place_indices and isinstance(static, torch.Tensor)
         ]
+        written = [(i, static) for i, static in copies if i in self._mutated_indices]
         position = {id(static): i for i, static in enumerate(static_inputs) if isinstance(static, torch.Tensor)}
         returned_inputs = [(k, position[id(o)]) for k, o in enumerate(outputs) if id(o) in position]
         outputs = list(outputs)
         for k, _ in returned_inputs:
             outputs[k] = None
-        return _Recording(graph, copies, outputs, returned_inputs)
+        return _Recording(graph, copies, written, outputs, returned_inputs)
 
     def _replay(self, recording: _Recording, inputs: list[Any]) -> Any:
-        """Replays ``recording``, whose signature the inputs have, and
-        returns clones of its outputs (the inputs themselves for outputs
-        that are inputs)."""
+        """Replays ``recording``, whose signature the inputs have, copies
+        the static copies it writes back into their inputs, and returns
+        clones of its outputs (the inputs themselves for outputs that are
+        inputs)."""
         for i, static in recording.copies:
             static.copy_(inputs[i])
+        written = [(inputs[i], static) for i, static in recording.written]
         returned = [(k, inputs[i]) for k, i in recording.returned_inputs]
         inputs.clear()
         recording.graph.replay()
+        for value, static in written:
+            value.copy_(static)
         outputs = [o.clone() if isinstance(o, torch.Tensor) else o for o in recording.outputs]
         for k, value in returned:
             outputs[k] = value
@@ -246,13 +280,22 @@ def _forward_fixed_inputs(dynamo_inputs: int, inputs: list[Any]) -> int:
     return num_fw_fixed_arguments(dynamo_inputs, len(inputs))
 
 
+def _mutated_inputs(gm: torch.fx.GraphModule) -> set[int]:
+    """The indices of the inputs an AOT Autograd graph writes: those it
+    ``aten.copy_``-es into (Note [Graphed compile backend])."""
+    placeholders = {node: i for i, node in enumerate(gm.graph.find_nodes(op="placeholder"))}
+    copies = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default)
+    return {placeholders[node.args[0]] for node in copies if node.args[0] in placeholders}
+
+
 def _graphed(backend: str, name: str, fixed_inputs: Callable[[list[Any]], int]):
     """An AOT Autograd compiler that graphs ``gm`` run as an FX interpreter;
     its first ``fixed_inputs(inputs)`` inputs are used in place."""
     from torch._dynamo.backends.debugging import boxed_nop
 
     def compile_graph(gm: torch.fx.GraphModule, inputs: list[Any]) -> _GraphedCallable:
-        return _GraphedCallable(boxed_nop(gm, inputs), set(range(fixed_inputs(inputs))), backend, name)
+        fixed = set(range(fixed_inputs(inputs)))
+        return _GraphedCallable(boxed_nop(gm, inputs), fixed, _mutated_inputs(gm), backend, name)
 
     return compile_graph
 
@@ -296,7 +339,9 @@ def openreg(
         else:
             name = "inference" if inner_kwargs.get("is_inference") else "forward"
             fixed = _forward_fixed_inputs(dynamo_inputs, inputs)
-        compiled.current_callable = _GraphedCallable(compiled.current_callable, set(range(fixed)), "openreg", name)
+        compiled.current_callable = _GraphedCallable(
+            compiled.current_callable, set(range(fixed)), set(compiled.mutated_input_idxs), "openreg", name
+        )
         return compiled
 
     with torch._functorch.config.patch(enable_autograd_cache=False):

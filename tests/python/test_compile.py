@@ -527,3 +527,89 @@ def test_graphed_parameter_moved_to_new_memory_gets_a_new_graph(graph_events):
         torch.testing.assert_close(compiled(x).cpu(), lin(x).cpu())
     assert graph_events.captured == ["inference"] * 2
     assert graph_events.replayed == ["inference"] * 2
+
+
+# --- both graphed backends: inputs the graphs write, graphs without tensor inputs
+# (Note [Graphed compile backend] in python/torch_openreg/_graph_backend.py)
+
+
+@pytest.mark.parametrize("backend", ["openreg_graphs", "openreg"])
+def test_graphed_input_mutations_reach_the_caller(backend, graph_events):
+    """A compiled function that writes its input in place writes the
+    caller's tensor on every call, replays included, as eagerly; a size
+    change in between gets its own graph."""
+
+    def f(x):
+        x.add_(1)
+        return x * 2
+
+    compiled = torch.compile(f, backend=backend)
+    tensors = {n: (torch.arange(float(n), device=DEV), torch.arange(float(n), device=DEV)) for n in (4, 6)}
+    for n in (4, 4, 6, 6, 4, 4):
+        x, reference = tensors[n]
+        out, expected = compiled(x), f(reference)
+        assert torch.equal(x.cpu(), reference.cpu())
+        assert torch.equal(out.cpu(), expected.cpu())
+    # The static graph for 4, then the dynamic one dynamo compiles for 6, which
+    # also serves the later 4s (a new signature in it).
+    assert graph_events.captured == ["inference"] * 3
+    assert graph_events.replayed == ["inference"] * 3
+
+
+class _WritesSavedInBackward(torch.autograd.Function):
+    """x * s, whose backward adds 1 to the s it saved."""
+
+    @staticmethod
+    def forward(ctx, x, s):
+        ctx.save_for_backward(s)
+        return x * s
+
+    @staticmethod
+    def backward(ctx, grad):
+        (s,) = ctx.saved_tensors
+        s.add_(1)
+        return grad * 2, None
+
+
+@pytest.mark.parametrize("backend", ["openreg_graphs", "openreg"])
+def test_graphed_backward_writes_a_saved_input(backend, graph_events):
+    """A backward graph that writes an input of the forward it saved writes
+    the caller's tensor, replays included, as eagerly."""
+    compiled = torch.compile(_WritesSavedInBackward.apply, backend=backend)
+    s, reference = torch.ones(5, device=DEV), torch.ones(5, device=DEV)
+    for _ in range(3):
+        x = torch.randn(5, device=DEV, requires_grad=True)
+        compiled(x, s).sum().backward()
+        _WritesSavedInBackward.apply(x.detach().requires_grad_(), reference).sum().backward()
+        assert torch.equal(s.cpu(), reference.cpu())
+    assert graph_events.captured == ["forward", "backward"]
+    assert graph_events.replayed == ["forward", "backward"] * 2
+
+
+@pytest.mark.parametrize("backend", ["openreg_graphs", "openreg"])
+def test_graphed_batchnorm_running_stats_match_eager(backend, graph_events):
+    """BatchNorm's running statistics (buffers the forward graph updates)
+    after each compiled training step are eager training's."""
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4)).to(DEV)
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=backend)
+    for _ in range(4):
+        x = torch.randn(8, 6, device=DEV)
+        compiled(x).square().sum().backward()
+        reference(x).square().sum().backward()
+        for a, b in zip(model.buffers(), reference.buffers()):
+            torch.testing.assert_close(a.cpu(), b.cpu())
+    assert graph_events.captured == ["forward", "backward"]
+    assert graph_events.replayed == ["forward", "backward"] * 3
+
+
+@pytest.mark.parametrize("backend", ["openreg_graphs", "openreg"])
+def test_graphed_function_without_tensor_inputs_runs_eagerly(backend, graph_events):
+    """A graph with no tensor inputs runs eagerly, with a warning."""
+    f = lambda: torch.ones(3, device=DEV) * 2  # noqa: E731
+    compiled = torch.compile(f, backend=backend)
+    with pytest.warns(UserWarning, match="no tensor inputs"):
+        results = [compiled() for _ in range(3)]
+    assert all(torch.equal(r.cpu(), f().cpu()) and r.device == torch.device(DEV, 0) for r in results)
+    assert graph_events.captured == graph_events.replayed == []
