@@ -188,7 +188,7 @@ int orGetMemoryFraction(int device, double* fraction);
 int orSetSyncDebugMode(int mode);
 int orGetSyncDebugMode(void);
 
-/* The stream sanitizer (OPENREG_SANITIZER; README "Stream sanitizer"): mode
+/* The stream sanitizer (OPENREG_SANITIZER; docs/sanitizer-and-diagnostics.md): mode
  * 0 off, 1 raise (the offending launch fails with the report), 2 warn
  * (reports are kept and printed at exit). Counts are per kind, in the order
  * orSanitizerGetKindName(0..) names them ("race", "write_after_read",

@@ -14,7 +14,7 @@
 //! has begun finalizing, a thread that takes the GIL is ended with
 //! `pthread_exit`, whose forced unwind through the kernel's `noexcept`
 //! callback calls `std::terminate`: the process aborted at exit in about
-//! half the runs of the README's example. (PyTorch's own check,
+//! half the runs of the example in docs/custom-kernels-and-libtorch.md. (PyTorch's own check,
 //! `Py_IsInitialized()` before taking the GIL, is a race: the worker passes
 //! it, then waits for the GIL that the main thread holds into finalization.)
 //! So the host tells the runtime before it finalizes: the Python package

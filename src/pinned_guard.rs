@@ -18,7 +18,7 @@
 //! Pinned allocations are whole pages of their own (src/pinned.rs), so a
 //! guard touches no other allocation; views of one pinned buffer share its
 //! pages, and a host access to another view on a guarded page is reported
-//! too (a limitation, said in the README).
+//! too (a limitation, said in docs/sanitizer-and-diagnostics.md).
 //! The handler reads only fixed slots of atomics and a message written
 //! before the slot was armed; faults elsewhere go to the previous handler.
 //!

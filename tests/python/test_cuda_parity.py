@@ -1,7 +1,7 @@
 """torch.cuda parity: every torch.cuda name a device-agnostic program may
-use is on torch.openreg with CUDA's parameters, or listed in the README's
-table of deliberate absences (and really absent); plus the behaviour of the
-device-management functions beyond the basics."""
+use is on torch.openreg with CUDA's parameters, or listed in the table of
+deliberate absences of docs/devices-and-streams.md (and really absent); plus
+the behaviour of the device-management functions beyond the basics."""
 
 import inspect
 import os
@@ -14,7 +14,7 @@ import torch
 
 from _openreg_util import busy, new_stream
 
-README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "devices-and-streams.md")
 
 
 def cuda_names() -> set[str]:
@@ -37,8 +37,8 @@ def cuda_names() -> set[str]:
 
 
 def readme_absent() -> dict[str, str]:
-    """name -> reason, from the README's table of what torch.openreg lacks."""
-    text = open(README).read()
+    """name -> reason, from docs/devices-and-streams.md's table of what torch.openreg lacks."""
+    text = open(DOC).read()
     start = text.index("What `torch.cuda` has and `torch.openreg` deliberately does not:")
     absent = {}
     for line in text[start:].splitlines()[3:]:
@@ -52,15 +52,15 @@ def readme_absent() -> dict[str, str]:
 
 def test_every_cuda_name_is_present_or_explained():
     absent = readme_absent()
-    assert absent, "the README's absence table was not found"
+    assert absent, "the absence table of docs/devices-and-streams.md was not found"
     names = cuda_names()
     assert {"synchronize", "memory_stats", "Stream", "utilization"} <= names
     unexplained = sorted(n for n in names if not hasattr(torch.openreg, n) and n not in absent)
-    assert not unexplained, f"torch.cuda names neither on torch.openreg nor in the README table: {unexplained}"
+    assert not unexplained, f"torch.cuda names neither on torch.openreg nor in the docs table: {unexplained}"
     wrongly_listed = sorted(n for n in absent if hasattr(torch.openreg, n))
-    assert not wrongly_listed, f"listed as absent in the README but present: {wrongly_listed}"
+    assert not wrongly_listed, f"listed as absent in the docs but present: {wrongly_listed}"
     stale = sorted(n for n in absent if n not in names)
-    assert not stale, f"listed in the README but not a torch.cuda name: {stale}"
+    assert not stale, f"listed in the docs but not a torch.cuda name: {stale}"
     assert all(reason for reason in absent.values())
 
 

@@ -1,14 +1,14 @@
 """A custom kernel that captures a tensor never crashes the process at exit.
 
-The README's example ("Custom kernels": a kernel JIT-built with
-torch.utils.cpp_extension.load that captures the tensor it scales) used to
-end with ``terminate called without an active exception`` in about half of
-its runs: the stream's worker dropped the kernel's captured tensor, whose
-Python object needs the GIL to be released, while the interpreter was
-finalizing, and CPython ends a thread that takes the GIL then (Note [Host
-exit] in src/lifecycle.rs). The README's own code is taken from README.md,
-built once, then run in many fresh processes (the failure depends on timing),
-a few at a time.
+The documented example ("Custom kernels" in docs/custom-kernels-and-libtorch.md:
+a kernel JIT-built with torch.utils.cpp_extension.load that captures the
+tensor it scales) used to end with ``terminate called without an active
+exception`` in about half of its runs: the stream's worker dropped the
+kernel's captured tensor, whose Python object needs the GIL to be released,
+while the interpreter was finalizing, and CPython ends a thread that takes the
+GIL then (Note [Host exit] in src/lifecycle.rs). The example's own code is
+taken from that page, built once, then run in many fresh processes (the
+failure depends on timing), a few at a time.
 """
 
 import glob
@@ -23,7 +23,7 @@ import pytest
 
 from _openreg_util import clean_env
 
-README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "custom-kernels-and-libtorch.md")
 RUNS = 20
 # Fresh interpreters at once: each spends ~2 s of CPU importing torch.
 PARALLEL = 2
@@ -36,8 +36,8 @@ pytestmark = pytest.mark.subprocess
 
 
 def readme_example() -> tuple[str, str]:
-    """The C++ and Python code blocks of the README's "Custom kernels"."""
-    with open(README) as f:
+    """The C++ and Python code blocks of "Custom kernels" (docs/custom-kernels-and-libtorch.md)."""
+    with open(DOC) as f:
         section = f.read().split("## Custom kernels", 1)[1].split("\n## ", 1)[0]
     cpp = re.search(r"```cpp\n(.*?)```", section, re.S).group(1)
     python = re.search(r"```python\n(.*?)```", section, re.S).group(1)
@@ -45,7 +45,7 @@ def readme_example() -> tuple[str, str]:
 
 
 class Example:
-    """The README example in a directory of its own (its extension builds
+    """The documented example in a directory of its own (its extension builds
     into ``ext/``), with variants of its Python script."""
 
     def __init__(self, root: str):
@@ -55,7 +55,7 @@ class Example:
             f.write(cpp)
         lines = python.rstrip("\n").split("\n")
         self.setup, self.launch = "\n".join(lines[:-1]) + "\n", lines[-1] + "\n"
-        assert self.launch.startswith("torch.ops.my_ops.scale_("), "the README example no longer ends with its launch"
+        assert self.launch.startswith("torch.ops.my_ops.scale_("), "the documented example no longer ends with its launch"
         self.python = python
         self.env = clean_env(TORCH_EXTENSIONS_DIR=os.path.join(root, "ext"))
 
@@ -89,12 +89,12 @@ def crashes(results: dict[str, subprocess.CompletedProcess], expected_rc: int) -
 
 @pytest.fixture(scope="module")
 def example(tmp_path_factory) -> Example:
-    """The README example, built by running it once as written."""
+    """The documented example, built by running it once as written."""
     ex = Example(str(tmp_path_factory.mktemp("readme_kernel")))
     # Compiles my_ops (~15 s here); how this run exits is checked with the others.
     ex.first_run = ex.run("readme_build", ex.python)
     built = glob.glob(os.path.join(ex.root, "ext", "my_ops*", "my_ops*.so"))
-    assert built, "the README example did not build\n" + describe("readme_build", ex.first_run)
+    assert built, "the documented example did not build\n" + describe("readme_build", ex.first_run)
     return ex
 
 

@@ -77,13 +77,13 @@ CORPUS_RUNS = {
 
 
 def _readme_sanitizer_example() -> str:
-    """The Python block of the README's "Stream sanitizer", verbatim."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("## Stream sanitizer") :]
+    """The Python block of "Stream sanitizer" (docs/sanitizer-and-diagnostics.md), verbatim."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "sanitizer-and-diagnostics.md").read_text()
+    section = page[page.index("## Stream sanitizer") :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-# The README's example, as written, in fresh processes.
+# The documented example (docs/sanitizer-and-diagnostics.md), as written, in fresh processes.
 README_EXAMPLE_RUNS = [
     script(f"sanitizer_readme_example_{i}", _readme_sanitizer_example(), env=clean_env()) for i in range(3)
 ]
@@ -297,7 +297,7 @@ def test_reports_counts_and_clear():
 
 @pytest.mark.subprocess
 def test_readme_example_reports_its_race_in_fresh_processes():
-    """The README's example (a side-stream Linear + relu consumed by argmax
+    """The documented example (a side-stream Linear + relu consumed by argmax
     on the default stream without a wait) reports exactly that one race,
     naming both ops, in each of three fresh processes, and exits with 0."""
     for run in README_EXAMPLE_RUNS:

@@ -1,5 +1,5 @@
-"""The run's report: a terminal table, JSON (schema in the README's
-"Conformance kit" section) and Markdown."""
+"""The run's report: a terminal table, JSON (schema in
+docs/conformance.md) and Markdown."""
 
 from __future__ import annotations
 
