@@ -34,7 +34,7 @@ run "$CMAKE_BIN/cmake" -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_MAKE_PROGRAM="$NINJA" -DPython3_EXECUTABLE="$(command -v "$PYTHON")"
 run "$CMAKE_BIN/cmake" --build build/cpp -j2
 run "$CMAKE_BIN/ctest" --test-dir build/cpp --output-on-failure
-run "$PYTHON" -m pytest tests/python -q
+run "$PYTHON" -m pytest tests/python -q --durations=20
 
 if [ ${#failed[@]} -ne 0 ]; then
   echo "FAILED: ${failed[*]}"
