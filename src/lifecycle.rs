@@ -14,9 +14,10 @@
 //! has begun finalizing, a thread that takes the GIL is ended with
 //! `pthread_exit`, whose forced unwind through the kernel's `noexcept`
 //! callback calls `std::terminate`: the process aborted at exit in about
-//! half the runs of the example in docs/custom-kernels-and-libtorch.md. (PyTorch's own check,
-//! `Py_IsInitialized()` before taking the GIL, is a race: the worker passes
-//! it, then waits for the GIL that the main thread holds into finalization.)
+//! half the runs of the example in docs/custom-kernels-and-libtorch.md.
+//! (PyTorch's own check, `Py_IsInitialized()` before taking the GIL, is a
+//! race: the worker passes it, then waits for the GIL that the main thread
+//! holds into finalization.)
 //! So the host tells the runtime before it finalizes: the Python package
 //! calls `prepare_host_exit` (through `orPrepareHostExit`) from an `atexit`
 //! handler, which CPython runs before finalizing, with the GIL released. It
