@@ -1,15 +1,18 @@
 //! The runtime's one logging facility: every message the runtime has for a
 //! user goes through here, filtered by `OPENREG_LOG`.
 //!
-//! Warnings and errors go to PyTorch's warning handler (`TORCH_WARN` through
-//! the bridge: a Python `UserWarning` under Python, stderr in a libtorch
-//! program); info and debug lines, which exist for people diagnosing the
-//! runtime itself, go to stderr prefixed with `openreg [level]`.
+//! Warnings and errors go to the warning sink (`WARNING_SINK`): the bridge
+//! installs PyTorch's warning handler there when the library loads
+//! (`TORCH_WARN`: a Python `UserWarning` under Python, stderr in a libtorch
+//! program); without a sink they go to stderr. Info and debug lines, which
+//! exist for people diagnosing the runtime itself, go to stderr prefixed
+//! with `openreg [level]`.
 
 use std::collections::HashSet;
 
 use parking_lot::Mutex;
 
+use crate::hook::Hook;
 use crate::options;
 
 /// Message levels, most severe first; `OPENREG_LOG` names the least severe
@@ -35,6 +38,10 @@ impl Level {
     }
 }
 
+/// Where warnings and errors go (Note [Hooks]): told the whole message,
+/// `openreg: ` prefix included. Installed by the bridge to C++.
+pub static WARNING_SINK: Hook<fn(&str)> = Hook::new();
+
 /// Whether messages of `level` are shown. While the options are being read
 /// (their own warnings), the default level applies.
 pub fn enabled(level: Level) -> bool {
@@ -47,7 +54,13 @@ pub fn log(level: Level, message: &str) {
         return;
     }
     match level {
-        Level::Error | Level::Warn => crate::ffi::emit_warning(&format!("openreg: {message}")),
+        Level::Error | Level::Warn => {
+            let message = format!("openreg: {message}");
+            match WARNING_SINK.get() {
+                Some(sink) => sink(&message),
+                None => eprintln!("{message}"),
+            }
+        }
         Level::Info | Level::Debug => eprintln!("openreg [{}]: {message}", level.name()),
     }
 }
