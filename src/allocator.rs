@@ -69,6 +69,7 @@ use crate::memory_history::{
     self, Action, BlockSnapshot, DeviceSnapshot, Frames, SegmentSnapshot, Trace, TraceEntry,
 };
 use crate::options;
+use crate::runtime_hooks;
 use crate::stream::StreamQueue;
 
 pub const MIN_BLOCK: usize = 512;
@@ -84,28 +85,7 @@ pub enum Pool {
     Large = 1,
 }
 
-/// One statistic, as `c10::CachingDeviceAllocator::Stat`.
-#[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Stat {
-    pub current: i64,
-    pub peak: i64,
-    pub allocated: i64,
-    pub freed: i64,
-}
-
-impl Stat {
-    pub(crate) fn increase(&mut self, amount: usize) {
-        self.current += amount as i64;
-        self.peak = self.peak.max(self.current);
-        self.allocated += amount as i64;
-    }
-
-    pub(crate) fn decrease(&mut self, amount: usize) {
-        self.current -= amount as i64;
-        debug_assert!(self.current >= 0, "negative allocator statistic");
-        self.freed += amount as i64;
-    }
-}
+pub use crate::stat::Stat;
 
 /// A statistic for all pools (index 0), the small pool (1) and the large (2).
 #[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
@@ -546,7 +526,9 @@ impl State {
             self.remove_free(seg.first);
             self.retire_block(seg.first);
             memory::unmap(base, seg.size);
-            crate::sanitizer::unmapped(base, seg.size);
+            if let Some(observer) = runtime_hooks::MEMORY_OBSERVER.get() {
+                observer.unmapped(base, seg.size);
+            }
             self.note(TraceEntry::new(
                 Action::SegmentFree,
                 base,
@@ -659,7 +641,9 @@ impl DeviceAllocator {
         stream: &'static StreamQueue,
     ) -> std::result::Result<usize, AllocError> {
         let ptr = self.malloc_block(size, stream)?;
-        crate::sanitizer::allocated(ptr, size, stream);
+        if let Some(observer) = runtime_hooks::MEMORY_OBSERVER.get() {
+            observer.allocated(ptr, size, stream);
+        }
         Ok(ptr)
     }
 
@@ -677,15 +661,14 @@ impl DeviceAllocator {
                 out_of_memory: false,
             });
         }
-        if crate::fault::strikes(crate::fault::Fault::Alloc) {
-            let what = format!(
-                "allocating {size} bytes on openreg device {} failed",
-                self.device
-            );
-            return Err(AllocError {
-                error: crate::fault::error(crate::fault::Fault::Alloc, &what),
-                out_of_memory: true,
-            });
+        if let Some(hook) = runtime_hooks::BEFORE_ALLOC.get() {
+            if let Err(error) = hook(self.device, size) {
+                let out_of_memory = error.kind == ErrorKind::OutOfMemory;
+                return Err(AllocError {
+                    error,
+                    out_of_memory,
+                });
+            }
         }
         // Captured before locking: the collector may take the host's locks.
         let frames = memory_history::current()
@@ -884,10 +867,10 @@ impl DeviceAllocator {
             stream,
             frames.clone(),
         ));
-        let recorded = if crate::sanitizer::active() {
-            st.block(id).uses.clone()
-        } else {
-            Vec::new()
+        let observer = runtime_hooks::MEMORY_OBSERVER.get();
+        let recorded = match observer {
+            Some(observer) if observer.active() => st.block(id).uses.clone(),
+            _ => Vec::new(),
         };
         if markers.is_empty() {
             st.note(TraceEntry::new(
@@ -901,8 +884,10 @@ impl DeviceAllocator {
         } else {
             st.pending.push(PendingFree { block: id, markers });
         }
-        drop(st); // the sanitizer locks its own state, never under ours
-        crate::sanitizer::freed(ptr, &recorded);
+        drop(st); // the observer locks its own state, never under ours
+        if let Some(observer) = observer {
+            observer.freed(ptr, &recorded);
+        }
         Some(Ok(()))
     }
 

@@ -311,12 +311,10 @@ pub fn can_access_peer(device: i64, peer: i64) -> Result<bool> {
 /// host is then ordered after all of their work, Note [Stream sanitizer]).
 pub fn synchronize_device(index: i64) -> Result<()> {
     let streams = &context(index)?.streams;
-    let point = crate::sanitizer::active()
-        .then(|| crate::sanitizer::streams_point(&streams.all()))
-        .flatten();
+    let point = crate::runtime_hooks::order_point(&streams.all());
     streams.synchronize_all()?;
     match point {
-        Some(point) => crate::sanitizer::host_waited_for(&point, false),
+        Some(point) => crate::runtime_hooks::host_waited_for(&point, false),
         None => Ok(()),
     }
 }

@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 use crate::device::{self, DeviceIndex};
 use crate::error::{Error, ErrorKind, Result};
 use crate::graph::Capture;
-use crate::sanitizer::{self, Clock};
+use crate::runtime_hooks::{self, OrderPoint};
 use crate::stream::{StreamQueue, Task};
 
 /// Reference point for timestamps, so elapsed times are plain subtractions.
@@ -39,8 +39,9 @@ struct Recorded {
     seq: u64,
     /// Recorded inside a capture: the capture and the event's node.
     captured: Option<(Arc<Capture>, usize)>,
-    /// The recording stream's clock (Note [Stream sanitizer]), when on.
-    clock: Option<Arc<Clock>>,
+    /// Where the recording stream's work stood in the happens-before order
+    /// (`runtime_hooks::ORDER_OBSERVER`), while an observer is on.
+    clock: Option<OrderPoint>,
 }
 
 impl Recorded {
@@ -57,7 +58,7 @@ impl Recorded {
 /// What a waiter must wait for: a point of a stream, or a node of an
 /// active capture.
 enum Target {
-    Point(&'static StreamQueue, u64, Option<Arc<Clock>>),
+    Point(&'static StreamQueue, u64, Option<OrderPoint>),
     Captured(Arc<Capture>, usize),
 }
 
@@ -103,11 +104,8 @@ impl Event {
             )));
         }
         crate::device_stop::check_running(self.device)?;
-        if crate::fault::strikes(crate::fault::Fault::Event) {
-            return Err(crate::fault::error(
-                crate::fault::Fault::Event,
-                &format!("recording an event on {stream} failed"),
-            ));
+        if let Some(hook) = runtime_hooks::BEFORE_EVENT_RECORD.get() {
+            hook(stream)?;
         }
         let mut st = self.state.lock();
         let version = st.recorded.as_ref().map_or(1, |r| r.version + 1);
@@ -130,7 +128,7 @@ impl Event {
             stream,
             seq,
             captured: None,
-            clock: sanitizer::stream_point(stream),
+            clock: runtime_hooks::order_point(&[stream]),
         });
         if let Some(at) = reached_at {
             st.stamped = Some((version, at));
@@ -151,8 +149,8 @@ impl Event {
             Some(Target::Point(source, seq, clock)) => {
                 // The edge is the wait itself, whether or not the point has
                 // been reached (Note [Stream sanitizer]).
-                if let Some(clock) = clock {
-                    sanitizer::stream_waits(stream, &clock);
+                if let Some((clock, observer)) = clock.zip(runtime_hooks::ORDER_OBSERVER.get()) {
+                    observer.stream_waits(stream, &clock);
                 }
                 if !std::ptr::eq(source, stream) && !source.has_completed(seq) {
                     stream.submit(Task::WaitFor {
@@ -205,7 +203,7 @@ impl Event {
             Some(Target::Point(stream, seq, clock)) => {
                 let done = stream.has_completed(seq);
                 if let Some(clock) = clock.filter(|_| done) {
-                    sanitizer::host_waited_for(&clock, true)?; // up to the record only
+                    runtime_hooks::host_waited_for(&clock, true)?; // up to the record only
                 }
                 done
             }
@@ -222,14 +220,14 @@ impl Event {
         match target {
             Some(Target::Point(stream, seq, clock)) => {
                 crate::graph::check_host_sync(what, Some(stream))?;
-                crate::sync_debug::check(what)?;
+                before_host_wait(what)?;
                 stream.wait_for(seq, true)?;
                 match clock {
-                    Some(clock) => sanitizer::host_waited_for(&clock, false),
+                    Some(clock) => runtime_hooks::host_waited_for(&clock, false),
                     None => Ok(()),
                 }
             }
-            _ => crate::sync_debug::check(what),
+            _ => before_host_wait(what),
         }
     }
 
@@ -434,6 +432,15 @@ pub mod handle {
     }
 }
 
+/// The `BEFORE_HOST_WAIT` hook's answer for `what` (Note [Sync debug] in
+/// sync_debug.rs); Ok without one.
+fn before_host_wait(what: &str) -> Result<()> {
+    match runtime_hooks::BEFORE_HOST_WAIT.get() {
+        Some(hook) => hook(what),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -461,3 +468,4 @@ mod tests {
         handle::release(third).unwrap();
     }
 }
+

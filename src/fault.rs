@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Once;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::runtime_hooks;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
@@ -110,6 +111,26 @@ pub fn strikes(fault: Fault) -> bool {
     countdown
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
         .is_ok_and(|before| before == 1)
+}
+
+/// Installs the faults at the runtime's hook points (Note [Hooks] in
+/// hook.rs): a kernel, an event record and an allocation each ask whether
+/// they are the one to fail.
+pub(crate) fn install_hooks() {
+    runtime_hooks::AFTER_KERNEL.install(|stream| {
+        strikes(Fault::Kernel).then(|| error(Fault::Kernel, &format!("a kernel on {stream} failed")))
+    });
+    runtime_hooks::BEFORE_EVENT_RECORD.install(|stream| match strikes(Fault::Event) {
+        true => Err(error(Fault::Event, &format!("recording an event on {stream} failed"))),
+        false => Ok(()),
+    });
+    runtime_hooks::BEFORE_ALLOC.install(|device, size| match strikes(Fault::Alloc) {
+        true => Err(error(
+            Fault::Alloc,
+            &format!("allocating {size} bytes on openreg device {device} failed"),
+        )),
+        false => Ok(()),
+    });
 }
 
 /// The error of an injected `fault`, naming `what` failed (an allocation

@@ -37,7 +37,9 @@ pub mod options;
 pub mod pinned;
 mod pinned_guard;
 pub mod profiler;
+pub mod runtime_hooks;
 pub mod sanitizer;
+pub mod stat;
 pub mod stream;
 pub mod sync_debug;
 pub mod utilization;
@@ -64,6 +66,10 @@ extern "C" fn register_on_load() {
 /// can use a device.
 fn wire() {
     log::WARNING_SINK.install(|message| ffi::emit_warning(message));
+    fault::install_hooks();
+    sanitizer::install_hooks();
+    pinned_guard::install_hooks();
+    sync_debug::install_hooks();
 }
 
 /// Whether the load-time registration ran and succeeded (checked by tests).

@@ -51,6 +51,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::device;
+use crate::hook::Hook;
 use crate::log;
 use crate::options;
 
@@ -100,9 +101,16 @@ fn exit_deadline() -> Instant {
 /// Whether finalize is running at process exit (bounded) or was asked for.
 static AT_EXIT: AtomicBool = AtomicBool::new(false);
 
+/// Once, at the runtime's first initialization (`device::init`), before
+/// any launch: a higher layer's own start (the stream sanitizer applies its
+/// option and registers its reports' release: Note [Hooks] in hook.rs).
+pub static AT_FIRST_INIT: Hook<fn()> = Hook::new();
+
 /// Runs once, from `device::init`.
 pub(crate) fn on_first_init() {
-    crate::sanitizer::init_from_options();
+    if let Some(start) = AT_FIRST_INIT.get() {
+        start();
+    }
     register_release(PRIORITY_STREAMS, "stream workers", || {
         let deadline = AT_EXIT.load(Ordering::Acquire).then(exit_deadline);
         let stopped = device::existing_contexts()

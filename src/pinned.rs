@@ -11,9 +11,10 @@ use std::collections::BTreeMap;
 
 use parking_lot::Mutex;
 
-use crate::allocator::Stat;
 use crate::error::Result;
+use crate::hook::Hook;
 use crate::memory::{self, PAGE};
+use crate::stat::Stat;
 
 /// The pinned allocator's statistics, as CUDA's host allocator names them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -67,6 +68,11 @@ pub fn malloc(size: usize) -> Result<usize> {
     Ok(base)
 }
 
+/// When a pinned allocation `base..base + len` is freed, before its pages
+/// are unmapped (Note [Hooks] in hook.rs): whoever watches host memory (the
+/// pinned memory guard) lets go of it.
+pub static BEFORE_UNMAP: Hook<fn(usize, usize)> = Hook::new();
+
 pub fn free(ptr: usize) {
     let mut registry = PINNED.lock();
     if let Some(len) = registry.live.remove(&ptr) {
@@ -74,7 +80,9 @@ pub fn free(ptr: usize) {
         registry.stats.allocated_bytes.decrease(len);
         registry.stats.num_host_free += 1;
         drop(registry);
-        crate::pinned_guard::forget(ptr, len);
+        if let Some(hook) = BEFORE_UNMAP.get() {
+            hook(ptr, len);
+        }
         memory::unmap_host(ptr, len);
     }
 }

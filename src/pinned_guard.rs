@@ -259,6 +259,12 @@ pub(crate) fn runtime_access(buffers: &[KernelBuffer]) {
     }
 }
 
+/// Installs `forget` where pinned memory is freed (Note [Hooks] in
+/// hook.rs).
+pub(crate) fn install_hooks() {
+    crate::pinned::BEFORE_UNMAP.install(forget);
+}
+
 /// Pinned memory at `base..base + len` is being freed: its guards are
 /// dropped, and so are the ranges released slots still record, so that a
 /// fault on the unmapped pages is no longer taken for a guarded access.

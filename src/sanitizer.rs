@@ -52,6 +52,7 @@ use std::sync::{Arc, Once, OnceLock};
 use parking_lot::Mutex;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::runtime_hooks::{self, MemoryObserver, OrderObserver, OrderPoint};
 use crate::stream::{StreamQueue, TaskName};
 
 /// What the sanitizer does with a report.
@@ -503,14 +504,6 @@ impl State {
     }
 }
 
-/// The clock of "everything launched on `stream` so far": an event record's.
-pub fn stream_point(stream: &'static StreamQueue) -> Option<Arc<Clock>> {
-    if !active() || crate::graph::is_capturing(stream) {
-        return None;
-    }
-    Some(Arc::new(with_state(|st| st.stream_clock(stream).clone())))
-}
-
 /// `stream` waits for `point` (an event wait).
 pub fn stream_waits(stream: &'static StreamQueue, point: &Clock) {
     if active() {
@@ -599,6 +592,56 @@ pub fn streams_point(streams: &[&'static StreamQueue]) -> Option<Clock> {
         }
         point
     }))
+}
+
+/// The sanitizer as the runtime sees it: the observer at its hook points
+/// (Note [Hooks] in hook.rs), told each happens-before edge and each
+/// allocation, free and unmap of device memory.
+struct Observer;
+
+impl OrderObserver for Observer {
+    fn point(&self, streams: &[&'static StreamQueue]) -> Option<OrderPoint> {
+        streams_point(streams).map(|clock| Arc::new(clock) as OrderPoint)
+    }
+
+    fn stream_waits(&self, stream: &'static StreamQueue, point: &OrderPoint) {
+        if let Some(clock) = point.downcast_ref::<Clock>() {
+            stream_waits(stream, clock);
+        }
+    }
+
+    fn host_waited_for(&self, point: &OrderPoint, by_query: bool) -> Result<()> {
+        match point.downcast_ref::<Clock>() {
+            Some(clock) => host_waited_for(clock, by_query),
+            None => Ok(()),
+        }
+    }
+}
+
+impl MemoryObserver for Observer {
+    fn active(&self) -> bool {
+        active()
+    }
+
+    fn allocated(&self, base: usize, size: usize, stream: &'static StreamQueue) {
+        allocated(base, size, stream)
+    }
+
+    fn freed(&self, base: usize, recorded: &[&'static StreamQueue]) {
+        freed(base, recorded)
+    }
+
+    fn unmapped(&self, base: usize, len: usize) {
+        unmapped(base, len)
+    }
+}
+
+/// Installs the sanitizer at the runtime's hook points: its observer, and
+/// its start at the runtime's first initialization.
+pub(crate) fn install_hooks() {
+    runtime_hooks::ORDER_OBSERVER.install(&Observer);
+    runtime_hooks::MEMORY_OBSERVER.install(&Observer);
+    crate::lifecycle::AT_FIRST_INIT.install(init_from_options);
 }
 
 /// Checks a launch on `stream` accessing `buffers` (Note [Stream

@@ -91,6 +91,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::event::Event;
 use crate::graph::Capture;
 use crate::options::{self, MAX_DEVICES};
+use crate::runtime_hooks;
 
 thread_local! {
     /// The stream whose work this thread runs, as an address (0: none).
@@ -435,7 +436,7 @@ impl StreamQueue {
                         self.park_failure(&mut st, || e);
                     }
                     if is_kernel {
-                        self.maybe_inject_kernel_fault(&mut st);
+                        self.after_kernel(&mut st);
                     }
                     self.count_completed(&mut st, 1);
                     if st.completed == self.marker() {
@@ -500,14 +501,11 @@ impl StreamQueue {
         true
     }
 
-    /// Parks an injected kernel failure, reported by the next synchronize
-    /// (Note [Injected faults]).
-    fn maybe_inject_kernel_fault(&self, st: &mut QueueState) {
-        if crate::fault::strikes(crate::fault::Fault::Kernel) {
-            let what = format!("a kernel on {self} failed");
-            self.park_failure(st, || {
-                crate::fault::error(crate::fault::Fault::Kernel, &what)
-            });
+    /// Parks the failure the `AFTER_KERNEL` hook reports for the kernel that
+    /// just ran (an injected fault: Note [Injected faults] in fault.rs).
+    fn after_kernel(&self, st: &mut QueueState) {
+        if let Some(failure) = runtime_hooks::AFTER_KERNEL.get().and_then(|hook| hook(self)) {
+            self.park_failure(st, || failure);
         }
     }
 
@@ -515,7 +513,7 @@ impl StreamQueue {
     pub fn end_inline(&self) {
         RUNNING_STREAM.with(|running| running.set(0));
         let mut st = self.state.lock();
-        self.maybe_inject_kernel_fault(&mut st);
+        self.after_kernel(&mut st);
         st.running = None;
         self.count_completed(&mut st, 1);
         if st.completed == self.marker() {
@@ -545,10 +543,10 @@ impl StreamQueue {
     /// stream's work so far (Note [Stream sanitizer]), which the runtime's
     /// own waits never order it after.
     pub fn host_synchronize(&'static self) -> Result<()> {
-        let point = crate::sanitizer::streams_point(&[self]);
+        let point = runtime_hooks::order_point(&[self]);
         self.synchronize()?;
         match point {
-            Some(point) => crate::sanitizer::host_waited_for(&point, false),
+            Some(point) => runtime_hooks::host_waited_for(&point, false),
             None => Ok(()),
         }
     }
@@ -556,10 +554,10 @@ impl StreamQueue {
     /// The user's `query()`: true also orders the host after the stream's
     /// work up to the query (Note [Stream sanitizer]).
     pub fn host_query(&'static self) -> Result<bool> {
-        let point = crate::sanitizer::streams_point(&[self]);
+        let point = runtime_hooks::order_point(&[self]);
         let done = self.query();
         if let Some(point) = point.filter(|_| done) {
-            crate::sanitizer::host_waited_for(&point, true)?;
+            runtime_hooks::host_waited_for(&point, true)?;
         }
         Ok(done)
     }

@@ -78,3 +78,10 @@ pub fn check(what: &str) -> Result<()> {
         ))),
     }
 }
+
+/// Installs `check` where the runtime blocks the host for the user (an
+/// event's synchronize: Note [Hooks] in hook.rs); the bridge's own
+/// host-blocking calls call `check` directly.
+pub(crate) fn install_hooks() {
+    crate::runtime_hooks::BEFORE_HOST_WAIT.install(check);
+}
