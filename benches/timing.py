@@ -3,7 +3,7 @@
 CPU baselines are clean: every CPU case is made and timed before the
 benchmark does any openreg work, since device work done earlier in a process
 could slow the CPU work after it (Note [Kernel threads] in
-cpp/device_memory.h; bench_models.py measures exactly that).
+cpp/device/device_memory.h; bench_models.py measures exactly that).
 """
 
 import statistics

@@ -17,7 +17,7 @@ fallback takes its queued route (results planned by Meta kernels, Note
 
 With --cuda-dtypes, the sweep covers the (op, dtype) pairs where op_db's
 CUDA dtypes (as on a current GPU: torch_openreg/_op_db.py) differ from its
-CPU dtypes (Note [Dtype policy] in cpp/dtype_policy.h): at a dtype only CUDA
+CPU dtypes (Note [Dtype policy] in cpp/ops/dtype_policy.h): at a dtype only CUDA
 supports, every sample runs on openreg and equals CPU computing in the
 nearest wider dtype it supports, cast back; at a dtype only CPU supports,
 every sample CPU accepts raises CUDA's NotImplementedError ("... not

@@ -1,5 +1,5 @@
 """The bits of every float32 op_db op's results on openreg, run inline and
-queued, as one digest per op (Note [Split kernels] in cpp/kernel_split.h).
+queued, as one digest per op (Note [Split kernels] in cpp/ops/kernel_split.h).
 
 tests/python/test_split_kernels.py runs this at 1, 2 and 4 kernel threads
 (OPENREG_KERNEL_THREADS) with chunks of a few elements

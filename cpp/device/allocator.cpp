@@ -6,7 +6,7 @@
 
 #include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/checked.h"
-#include "torch_openreg/cpp/device_memory.h"
+#include "torch_openreg/cpp/device/device_memory.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 namespace openreg {

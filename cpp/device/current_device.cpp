@@ -1,5 +1,5 @@
 // See Note [Current device slot] in current_device.h.
-#include "torch_openreg/cpp/current_device.h"
+#include "torch_openreg/cpp/device/current_device.h"
 
 namespace openreg {
 

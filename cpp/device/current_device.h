@@ -8,8 +8,8 @@
 // library in the general-dynamic model: every access calls __tls_get_addr,
 // twice per round trip, which alone cost about as much as the rest. C++ can
 // ask for the initial-exec model instead: the slot is then at a fixed offset
-// from the thread pointer, one `mov %fs:` away, so the guard (cpp/guard.cpp)
-// reads and writes it inline.
+// from the thread pointer, one `mov %fs:` away, so the guard
+// (cpp/device/guard.cpp) reads and writes it inline.
 //  - One source of truth: only this slot holds the current device. Rust
 //    (src/device.rs) reads and writes it through the two accessors below,
 //    never a copy, so the guard, the bridge and the C ABI always agree.

@@ -1,5 +1,5 @@
 // See device_memory.h.
-#include "torch_openreg/cpp/device_memory.h"
+#include "torch_openreg/cpp/device/device_memory.h"
 
 #include <array>
 #include <cstring>
@@ -15,7 +15,7 @@
 
 #include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/checked.h"
-#include "torch_openreg/cpp/memory_generation.h"
+#include "torch_openreg/cpp/device/memory_generation.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 // The OpenMP runtime PyTorch loaded (libtorch_cpu needs it), reached without

@@ -7,7 +7,7 @@
 
 #include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/checked.h"
-#include "torch_openreg/cpp/current_device.h"
+#include "torch_openreg/cpp/device/current_device.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 namespace openreg {
@@ -83,7 +83,8 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   // The current device is the C++ slot of Note [Current device slot]
-  // (cpp/current_device.h); see also Note [Guard hot path] in src/ffi.rs.
+  // (cpp/device/current_device.h); see also Note [Guard hot path] in
+  // src/ffi.rs.
   c10::Device exchangeDevice(c10::Device device) const override {
     if (C10_UNLIKELY(device.type() != kOpenReg || !is_known_device(device.index()))) {
       return exchange_device_slow(device);

@@ -6,8 +6,8 @@
 #include <c10/core/DeviceGuard.h>
 
 #include "torch_openreg/cpp/backend.h"
-#include "torch_openreg/cpp/device_memory.h"
-#include "torch_openreg/cpp/generator.h"
+#include "torch_openreg/cpp/device/device_memory.h"
+#include "torch_openreg/cpp/random/generator.h"
 #include "torch_openreg/cpp/checked.h"
 #include "torch_openreg/src/ffi.rs.h"
 

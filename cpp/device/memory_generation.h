@@ -2,7 +2,7 @@
 // memory allocated before a device restart raises an error naming it
 // instead of being computed on (Note [Device memory generations] in
 // src/allocator.rs). Called where a device tensor becomes a CPU view for a
-// kernel (cpp/device_memory.cpp), so every kernel operand passes it.
+// kernel (cpp/device/device_memory.cpp), so every kernel operand passes it.
 #pragma once
 
 #include <cstdint>

@@ -32,7 +32,7 @@
 #include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
 
-#include "torch_openreg/cpp/dtype_policy.h"
+#include "torch_openreg/cpp/ops/dtype_policy.h"
 
 namespace openreg {
 namespace {

@@ -1,5 +1,5 @@
 // See graph_kernels.h (Note [Graph kernels]).
-#include "torch_openreg/cpp/graph_kernels.h"
+#include "torch_openreg/cpp/graphs/graph_kernels.h"
 
 #include <cstdint>
 

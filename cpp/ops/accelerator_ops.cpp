@@ -49,8 +49,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-#include "torch_openreg/cpp/device_memory.h"
-#include "torch_openreg/cpp/dtype_policy.h"
+#include "torch_openreg/cpp/device/device_memory.h"
+#include "torch_openreg/cpp/ops/dtype_policy.h"
 
 namespace openreg {
 namespace {

@@ -12,9 +12,9 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-#include "torch_openreg/cpp/device_memory.h"
-#include "torch_openreg/cpp/dtype_policy.h"
-#include "torch_openreg/cpp/kernel_split.h"
+#include "torch_openreg/cpp/device/device_memory.h"
+#include "torch_openreg/cpp/ops/dtype_policy.h"
+#include "torch_openreg/cpp/ops/kernel_split.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 namespace openreg {

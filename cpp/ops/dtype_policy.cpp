@@ -1,7 +1,7 @@
 // The dtype policy (Note [Dtype policy] in dtype_policy.h): the kernels that
 // check a call's dtype against the generated table, and the recording the
 // table is generated from.
-#include "torch_openreg/cpp/dtype_policy.h"
+#include "torch_openreg/cpp/ops/dtype_policy.h"
 
 #include <array>
 #include <optional>
@@ -11,8 +11,8 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 
-#include "torch_openreg/cpp/dtype_table.h"
-#include "torch_openreg/cpp/ivalue_tensors.h"
+#include "torch_openreg/cpp/generated/dtype_table.h"
+#include "torch_openreg/cpp/ops/ivalue_tensors.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 namespace openreg {

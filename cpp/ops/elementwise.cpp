@@ -15,10 +15,10 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-#include "torch_openreg/cpp/device_memory.h"
-#include "torch_openreg/cpp/dtype_policy.h"
-#include "torch_openreg/cpp/graph_kernels.h"
-#include "torch_openreg/cpp/kernel_split.h"
+#include "torch_openreg/cpp/device/device_memory.h"
+#include "torch_openreg/cpp/ops/dtype_policy.h"
+#include "torch_openreg/cpp/graphs/graph_kernels.h"
+#include "torch_openreg/cpp/ops/kernel_split.h"
 
 namespace openreg {
 namespace {

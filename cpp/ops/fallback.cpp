@@ -73,12 +73,12 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-#include "torch_openreg/cpp/device_memory.h"
-#include "torch_openreg/cpp/dtype_policy.h"
-#include "torch_openreg/cpp/graph_kernels.h"
-#include "torch_openreg/cpp/ivalue_tensors.h"
-#include "torch_openreg/cpp/kernel_split.h"
-#include "torch_openreg/cpp/meta_results.h"
+#include "torch_openreg/cpp/device/device_memory.h"
+#include "torch_openreg/cpp/ops/dtype_policy.h"
+#include "torch_openreg/cpp/graphs/graph_kernels.h"
+#include "torch_openreg/cpp/ops/ivalue_tensors.h"
+#include "torch_openreg/cpp/ops/kernel_split.h"
+#include "torch_openreg/cpp/ops/meta_results.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 namespace openreg {

@@ -1,4 +1,4 @@
-#include "torch_openreg/cpp/kernel_split.h"
+#include "torch_openreg/cpp/ops/kernel_split.h"
 
 #include <algorithm>
 #include <bit>
@@ -7,8 +7,8 @@
 
 #include <ATen/ExpandUtils.h>
 
-#include "torch_openreg/cpp/device_memory.h"
-#include "torch_openreg/cpp/ivalue_tensors.h"
+#include "torch_openreg/cpp/device/device_memory.h"
+#include "torch_openreg/cpp/ops/ivalue_tensors.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 extern "C" void orRunKernelChunks(size_t chunks, void (*body)(void*, size_t), void* context);

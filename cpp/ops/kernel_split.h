@@ -25,9 +25,9 @@
 //    weight and bias gradients, sums over the batch, as one share per range
 //    of the batch, added in range order); 2-D pooling: the batch (or the
 //    channels of an unbatched input); 2-D max pooling of float/double, by
-//    openreg's own loop: planes (cpp/max_pool.cpp);
+//    openreg's own loop: planes (cpp/ops/max_pool.cpp);
 //  - batch norm in training, forward and backward, by openreg's own loops:
-//    the channels (cpp/batch_norm.cpp);
+//    the channels (cpp/ops/batch_norm.cpp);
 //  - in-place foreach ops (Note [Foreach ops] in fallback.cpp): whole tensors
 //    of their lists (Note [List chunks] in kernel_split.cpp).
 // Ops drawing random numbers are never split (their draws are laid out for

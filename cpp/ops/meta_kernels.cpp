@@ -1,11 +1,11 @@
 // See meta_kernels.h (Note [C++ Meta kernels]).
-#include "torch_openreg/cpp/meta_kernels.h"
+#include "torch_openreg/cpp/ops/meta_kernels.h"
 
 #include <mutex>
 #include <string>
 #include <unordered_map>
 
-#include "torch_openreg/cpp/meta_kernels_table.h"
+#include "torch_openreg/cpp/generated/meta_kernels_table.h"
 
 namespace openreg {
 

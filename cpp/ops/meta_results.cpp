@@ -1,5 +1,5 @@
 // See meta_results.h (Note [Meta results]).
-#include "torch_openreg/cpp/meta_results.h"
+#include "torch_openreg/cpp/ops/meta_results.h"
 
 #include <bit>
 #include <mutex>
@@ -14,9 +14,9 @@
 #include <c10/util/SmallVector.h>
 
 #include "torch_openreg/cpp/backend.h"
-#include "torch_openreg/cpp/device_memory.h"
-#include "torch_openreg/cpp/ivalue_tensors.h"
-#include "torch_openreg/cpp/meta_kernels.h"
+#include "torch_openreg/cpp/device/device_memory.h"
+#include "torch_openreg/cpp/ops/ivalue_tensors.h"
+#include "torch_openreg/cpp/ops/meta_kernels.h"
 
 namespace openreg {
 namespace {

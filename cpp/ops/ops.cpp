@@ -16,10 +16,10 @@
 
 #include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/checked.h"
-#include "torch_openreg/cpp/device_memory.h"
-#include "torch_openreg/cpp/dtype_policy.h"
-#include "torch_openreg/cpp/kernel_split.h"
-#include "torch_openreg/cpp/meta_kernels.h"
+#include "torch_openreg/cpp/device/device_memory.h"
+#include "torch_openreg/cpp/ops/dtype_policy.h"
+#include "torch_openreg/cpp/ops/kernel_split.h"
+#include "torch_openreg/cpp/ops/meta_kernels.h"
 #include "torch_openreg/src/ffi.rs.h"
 
 namespace openreg {

@@ -18,7 +18,7 @@
 // In generator.cpp (which needs torch's Python headers).
 extern "C" PyObject* openreg_get_default_generator(PyObject* self, PyObject* arg);
 extern "C" void openreg_register_fork_handler();
-// In src/dtype_record.rs (Note [Dtype policy] in cpp/dtype_policy.h).
+// In src/dtype_record.rs (Note [Dtype policy] in cpp/ops/dtype_policy.h).
 extern "C" const char* orTakeRecordedKernelDtypes(void);
 // In ipc.cpp (sharing device memory between processes).
 extern "C" PyObject* openreg_ipc_mem_handle(PyObject* self, PyObject* arg);

@@ -1,7 +1,7 @@
 // openreg's c10::GeneratorImpl: a counter-based Philox generator whose state
 // lives in Rust; every method forwards (see Note [Philox offsets] in
 // src/generator.rs).
-#include "torch_openreg/cpp/generator.h"
+#include "torch_openreg/cpp/random/generator.h"
 
 #include <cstring>
 #include <mutex>

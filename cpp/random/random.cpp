@@ -15,9 +15,9 @@
 #include <torch/library.h>
 
 #include "torch_openreg/cpp/checked.h"
-#include "torch_openreg/cpp/device_memory.h"
-#include "torch_openreg/cpp/dtype_policy.h"
-#include "torch_openreg/cpp/generator.h"
+#include "torch_openreg/cpp/device/device_memory.h"
+#include "torch_openreg/cpp/ops/dtype_policy.h"
+#include "torch_openreg/cpp/random/generator.h"
 
 namespace openreg {
 namespace {

@@ -1,7 +1,7 @@
 """torch.distributed on openreg: collectives on gloo over zero-copy host views.
 
 Note [Collectives over gloo]: openreg device memory is host memory (Note
-[One door] in cpp/device_memory.h), so gloo, PyTorch's own CPU collective
+[One door] in cpp/device/device_memory.h), so gloo, PyTorch's own CPU collective
 engine, can run a collective directly on CPU tensors that alias the device
 memory of the openreg tensors: nothing is copied, and the results land in
 the openreg tensors. ``OpenRegGloo`` is a c10d backend (the C++

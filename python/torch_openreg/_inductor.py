@@ -40,7 +40,7 @@ _DEVICE_TYPE = "openreg"
 
 
 # The OpenMP team of a generated kernel: one, as every device kernel's
-# (Note [Kernel threads] in cpp/device_memory.h).
+# (Note [Kernel threads] in cpp/device/device_memory.h).
 _KERNEL_TEAM = 1
 
 

@@ -6,7 +6,8 @@ some CUDA declarations depend on the GPU (`SM53OrLater`, `SM80OrLater`...),
 and evaluated on a machine without one they deny, for instance, bfloat16
 matmul. openreg follows CUDA as on a GPU of compute capability
 GPU_CAPABILITY (an H100), which torch.openreg.get_device_capability()
-reports under OPENREG_DTYPES=cuda (Note [Dtype policy] in cpp/dtype_policy.h).
+reports under OPENREG_DTYPES=cuda (Note [Dtype policy] in
+cpp/ops/dtype_policy.h).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ pub struct Options {
     /// work, in elements, from which a kernel splits: a kernel of less runs
     /// whole, one of more in two chunks, and one of more than 8 times that
     /// in a power of two of chunks of 4 to 8 times that (Notes [Split
-    /// kernels] in cpp/kernel_split.h, [Chunk size] in kernel_split.cpp).
+    /// kernels] in cpp/ops/kernel_split.h, [Chunk size] in kernel_split.cpp).
     /// Results may depend on it (chunk boundaries), never on the threads.
     pub split_elements: usize,
     /// `OPENREG_LOG`: the least severe message level shown (`crate::log`).
@@ -78,7 +78,7 @@ pub struct Options {
     /// process (Note [Injected faults]); None when unset.
     pub fault: Option<(Fault, u64)>,
     /// `OPENREG_DTYPES`: whose dtype support the kernels follow (Note
-    /// [Dtype policy] in cpp/dtype_policy.h). Read when the library
+    /// [Dtype policy] in cpp/ops/dtype_policy.h). Read when the library
     /// registers its kernels.
     pub dtypes: DtypePolicy,
     /// The options whose variable was set, in the order read (`entries`

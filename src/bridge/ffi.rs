@@ -201,9 +201,9 @@ mod bridge {
         fn memory_info(device: i8) -> Result<MemoryInfo>;
         fn set_memory_fraction(device: i8, fraction: f64) -> Result<()>;
         fn any_device_initialized() -> bool;
-        /// `OPENREG_SPLIT_ELEMENTS` (Note [Split kernels] in cpp/kernel_split.h).
+        /// `OPENREG_SPLIT_ELEMENTS` (Note [Split kernels] in cpp/ops/kernel_split.h).
         fn split_elements() -> usize;
-        /// `OPENREG_DTYPES` (Note [Dtype policy] in cpp/dtype_policy.h).
+        /// `OPENREG_DTYPES` (Note [Dtype policy] in cpp/ops/dtype_policy.h).
         fn dtype_policy() -> DtypePolicy;
         /// Under `OPENREG_DTYPES=record`: one kernel call (`dtype_record`).
         fn record_kernel_dtype(op: &str, dtype: &str, computed: &str);
@@ -370,9 +370,9 @@ use bridge::{
 };
 
 // Note [Guard hot path]: a c10::DeviceGuard costs an exchange and a restore
-// of the current device. The guard (cpp/guard.cpp) does both inline on the
+// of the current device. The guard (cpp/device/guard.cpp) does both inline on the
 // current-device slot, a C++ initial-exec thread-local (Note [Current device
-// slot] in cpp/current_device.h), for any index below the device count; only
+// slot] in cpp/device/current_device.h), for any index below the device count; only
 // an invalid index comes here: through the bridge's `exchange_device` for
 // the full error, or through this plain C function from the `noexcept`
 // uncheckedSetDevice (cxx's per-call unwind guard is not needed: it cannot

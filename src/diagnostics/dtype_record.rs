@@ -1,5 +1,5 @@
 //! Under `OPENREG_DTYPES=record`, the (op, dtype, dtype computed in) of
-//! each kernel call (Note [Dtype policy] in cpp/dtype_policy.h), kept until
+//! each kernel call (Note [Dtype policy] in cpp/ops/dtype_policy.h), kept until
 //! read: what scripts/generate_dtype_table.py derives the dtype table from.
 
 use std::collections::BTreeSet;

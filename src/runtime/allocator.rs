@@ -44,7 +44,7 @@
 //! devices] in device_stop.rs) begins a new generation of its memory. Each
 //! allocation records the generation it was made in; one made before the
 //! restart is stale, and the shim refuses to make a CPU view of stale
-//! memory (`cpp/memory_generation.h`, called where device tensors become CPU
+//! memory (`cpp/device/memory_generation.h`, called where device tensors become CPU
 //! views for kernels), so using a tensor from before a restart raises an
 //! error naming it instead of computing on it. Stale memory stays mapped
 //! until its tensor frees it: a kernel still running from before the stop,

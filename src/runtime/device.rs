@@ -4,7 +4,7 @@
 //! Note [Current device]: the current device is a per-thread value, so
 //! reading or exchanging it takes no lock, allocation or syscall. It lives in
 //! C++, in an initial-exec thread-local that the device guard reaches inline
-//! (Note [Current device slot] in cpp/current_device.h); this module reads
+//! (Note [Current device slot] in cpp/device/current_device.h); this module reads
 //! and writes that one slot through its two accessors. Setting the device
 //! that is already current changes nothing (and creates no context), which
 //! keeps `c10::DeviceGuard` round trips to the same device free.
@@ -93,7 +93,7 @@ pub struct DeviceContext {
 }
 
 // The current-device slot (Note [Current device slot] in
-// cpp/current_device.h), defined in cpp/current_device.cpp.
+// cpp/device/current_device.h), defined in cpp/device/current_device.cpp.
 extern "C" {
     fn openreg_current_device_get() -> DeviceIndex;
     fn openreg_current_device_set(index: DeviceIndex);

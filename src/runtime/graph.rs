@@ -2,7 +2,7 @@
 //!
 //! Note [Graph capture]: a stream in capture mode records the work submitted
 //! to it instead of running it. Every launch goes through
-//! `StreamQueue::submit` (Note [One door] in cpp/device_memory.h), and a
+//! `StreamQueue::submit` (Note [One door] in cpp/device/device_memory.h), and a
 //! capturing stream hands each task to its `Capture` as a node: a kernel (a
 //! closure that runs again on each replay), or an event record. Nothing is
 //! queued, so the stream's progress counters do not move and nothing waits

@@ -1,7 +1,7 @@
 //! Note [Kernel pool]: the threads that run the chunks of one large kernel.
 //!
 //! A device kernel that is worth splitting (a pointwise op, a copy, a fill,
-//! a matmul, a convolution over a batch: `cpp/kernel_split.h`) is cut into
+//! a matmul, a convolution over a batch: `cpp/ops/kernel_split.h`) is cut into
 //! chunks whose boundaries depend only on its shapes. The thread running the
 //! kernel (a stream worker, or the host for an inline kernel) hands the
 //! chunks to this pool and takes chunks itself until none are left, then
@@ -19,7 +19,7 @@
 //! (default: the available cores). Helpers start at the first split kernel.
 //! They are plain threads:
 //! each chunk runs a single-threaded CPU kernel (Note [Kernel threads] in
-//! cpp/device_memory.h), so no OpenMP team is ever opened off the user's
+//! cpp/device/device_memory.h), so no OpenMP team is ever opened off the user's
 //! threads.
 //!
 //! Note [Lanes]: a kernel's chunks are cut into contiguous lanes, one per
@@ -32,7 +32,7 @@
 //! alternate chunks of the same arrays: the machine here moves between a
 //! fast and a slow state of memory traffic for seconds at a time, and an add
 //! of 4M floats in 30 chunks (4 since Note [Chunk size] in
-//! cpp/kernel_split.cpp) ran at 382-487 us a call in 11 processes, never
+//! cpp/ops/kernel_split.cpp) ran at 382-487 us a call in 11 processes, never
 //! in the fast state, where CPU PyTorch's add ran at 224-265 us (5 of 11
 //! processes); in lanes it reached 262-307 us (5 of 11). Which thread runs
 //! a chunk never changes a result.
@@ -95,7 +95,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Runs chunk `chunk` of a kernel; `context` is the caller's. Must not
-/// unwind (a C++ body catches its exceptions: cpp/kernel_split.cpp).
+/// unwind (a C++ body catches its exceptions: cpp/ops/kernel_split.cpp).
 pub type ChunkBody = unsafe extern "C" fn(context: *mut c_void, chunk: usize);
 
 /// How long an idle helper polls for the next kernel before it sleeps
@@ -455,7 +455,7 @@ pub fn for_each_chunk<F: Fn(usize) + Sync>(chunks: usize, f: &F) {
     }
 }
 
-/// C entry point for the shim (`cpp/kernel_split.cpp`).
+/// C entry point for the shim (`cpp/ops/kernel_split.cpp`).
 ///
 /// # Safety
 /// As `run_chunks`.

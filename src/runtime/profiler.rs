@@ -2,7 +2,7 @@
 //! `ProfilerActivity.PrivateUse1`), gathered by the runtime.
 //!
 //! Note [Profiler activities]: while a profiling session is active
-//! (`start`..`stop`, driven by Kineto through cpp/profiler.cpp), every
+//! (`start`..`stop`, driven by Kineto through cpp/frontends/profiler.cpp), every
 //! piece of device work records one activity: its name, device, stream,
 //! start and end on the wall clock Kineto uses (nanoseconds since the Unix
 //! epoch), and the correlation id the launching thread had then (PyTorch's

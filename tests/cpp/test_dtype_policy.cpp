@@ -1,5 +1,5 @@
 // A libtorch program meets CUDA's dtype support on openreg (Note [Dtype
-// policy] in cpp/dtype_policy.h): an integer mm is refused with CUDA's
+// policy] in cpp/ops/dtype_policy.h): an integer mm is refused with CUDA's
 // NotImplementedError at the call, integer histc and complex32 exp compute
 // in a wider dtype and come back in their own.
 // Exit status 0 iff every check passed.

@@ -1,6 +1,6 @@
 // Graph capture and replay from C++, two ways a libtorch program can:
 //  - PyTorch's own API, at::accelerator::Graph, which creates openreg's
-//    at::GraphImplInterface (cpp/graph.cpp);
+//    at::GraphImplInterface (cpp/graphs/graph.cpp);
 //  - the C ABI of openreg.h (orStreamBeginCapture ... orGraphLaunch), as a
 //    custom kernel or a program without PyTorch's graph API would.
 // Exit status 0 iff every check passed.

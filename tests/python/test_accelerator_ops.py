@@ -1,5 +1,5 @@
 """Ops PyTorch runs only on accelerators (Note [Accelerator-only ops] in
-cpp/accelerator_ops.cpp): the fused RNN cells behind nn.LSTM/nn.GRU,
+cpp/ops/accelerator_ops.cpp): the fused RNN cells behind nn.LSTM/nn.GRU,
 SyncBatchNorm's statistics, _fused_dropout, _masked_scale and the out_dtype
 matmuls, each equal to CPU (or to CUDA's formula where CPU has none)."""
 

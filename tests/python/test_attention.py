@@ -1,6 +1,7 @@
 """Fused scaled dot product attention on openreg: the OVERRIDEABLE backend,
 chosen by torch._fused_sdp_choice and implemented forward and backward with
-the CPU's fused kernel (Note [Fused attention] in cpp/attention.cpp)."""
+the CPU's fused kernel (Note [Fused attention] in
+cpp/frontends/attention.cpp)."""
 
 import copy
 

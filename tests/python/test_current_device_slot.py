@@ -1,7 +1,7 @@
 """The current device lives in one initial-exec thread-local slot of the C++
-shim (Note [Current device slot] in cpp/current_device.h): the device guard
-reads and writes it inline, Rust through its accessors. These tests load the
-library late, as Python does, while threads already run, and check every
+shim (Note [Current device slot] in cpp/device/current_device.h): the device
+guard reads and writes it inline, Rust through its accessors. These tests load
+the library late, as Python does, while threads already run, and check every
 thread's slot through both ways in."""
 
 import struct

@@ -1,4 +1,4 @@
-"""Dtype support as CUDA's (Note [Dtype policy] in cpp/dtype_policy.h): a
+"""Dtype support as CUDA's (Note [Dtype policy] in cpp/ops/dtype_policy.h): a
 dtype CPU lacks and CUDA supports is computed in a wider dtype; a dtype CPU
 supports and CUDA refuses raises CUDA's NotImplementedError at the call;
 OPENREG_DTYPES=cpu gives CPU's set instead. The sweep over op_db is in

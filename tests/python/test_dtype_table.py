@@ -1,7 +1,7 @@
-"""cpp/dtype_table.h is what scripts/generate_dtype_table.py derives from the
-installed torch's op_db (Note [Dtype policy] in cpp/dtype_policy.h): a new
-torch, or a changed kernel, that changes the table fails here until the table
-is regenerated."""
+"""cpp/generated/dtype_table.h is what scripts/generate_dtype_table.py derives
+from the installed torch's op_db (Note [Dtype policy] in
+cpp/ops/dtype_policy.h): a new torch, or a changed kernel, that changes the
+table fails here until the table is regenerated."""
 
 import os
 import subprocess
@@ -20,4 +20,4 @@ def test_the_dtype_table_is_generated_from_the_installed_torch():
         capture_output=True, text=True, timeout=1200,
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    assert "cpp/dtype_table.h is up to date" in run.stdout
+    assert "cpp/generated/dtype_table.h is up to date" in run.stdout

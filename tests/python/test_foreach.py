@@ -1,7 +1,7 @@
 """In-place foreach ops (torch.optim's foreach steps) on openreg: one fallback
 call, one stream task, cut between whole tensors when large (Note [Foreach
-ops] in cpp/fallback.cpp, Note [List chunks] in cpp/kernel_split.cpp); calls
-of other dtypes or devices keep PyTorch's per-tensor loop. Either way the
+ops] in cpp/ops/fallback.cpp, Note [List chunks] in cpp/ops/kernel_split.cpp);
+calls of other dtypes or devices keep PyTorch's per-tensor loop. Either way the
 results are CPU's, bit for bit."""
 
 import copy

@@ -146,7 +146,7 @@ def test_elementwise_chain_replay_equals_eager_and_outputs_keep_their_address():
 
 
 # Ops a capture records as raw loops (Note [Graph kernels] in
-# cpp/graph_kernels.h) and their neighbours that stay CPU kernels; either
+# cpp/graphs/graph_kernels.h) and their neighbours that stay CPU kernels; either
 # way replay must be bit-identical to eager.
 GRAPH_KERNEL_CASES = {
     "mul_ by a python float": lambda x, y, s: x.mul_(1.0001),

@@ -1,5 +1,5 @@
 """Plans from C++ Meta kernels (Note [C++ Meta kernels] in
-cpp/meta_kernels.h) and the one-time cost paid at the first device use
+cpp/ops/meta_kernels.h) and the one-time cost paid at the first device use
 (Note [One-time costs at the first device use] in torch/openreg)."""
 
 import os
@@ -77,4 +77,4 @@ def test_the_meta_kernel_table_is_generated_from_the_installed_torch():
         capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    assert "cpp/meta_kernels_table.h is up to date" in run.stdout
+    assert "cpp/generated/meta_kernels_table.h is up to date" in run.stdout

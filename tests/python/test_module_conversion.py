@@ -1,5 +1,5 @@
 """nn.Module conversions keep every Parameter object, as CPU<->CUDA do
-(Note [Shallow copies between CPU and openreg] in cpp/ops.cpp): tied weights
+(Note [Shallow copies between CPU and openreg] in cpp/ops/ops.cpp): tied weights
 stay tied, lazy modules stay lazy, optimizers built before the move see the
 moved tensors, and training matches CPU step for step."""
 

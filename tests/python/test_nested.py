@@ -1,5 +1,5 @@
 """Nested tensors on openreg as on CPU (Note [Nested tensors] in
-cpp/fallback.cpp): the ops of PyTorch's nested-tensor tutorial, autograd,
+cpp/ops/fallback.cpp): the ops of PyTorch's nested-tensor tutorial, autograd,
 copies in both directions, and nn.TransformerEncoder's fast path, which
 turns a padded batch into nested tensors."""
 

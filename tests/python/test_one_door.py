@@ -1,6 +1,6 @@
-"""One door for device work (Note [One door] in cpp/device_memory.h): every
-read or write of device memory is a task on a stream, so memory that another
-thread freed while its queued kernel still reads it is never overwritten
+"""One door for device work (Note [One door] in cpp/device/device_memory.h):
+every read or write of device memory is a task on a stream, so memory that
+another thread freed while its queued kernel still reads it is never overwritten
 early, and the host does not wait for work it did not ask to wait for."""
 
 import threading

@@ -23,8 +23,8 @@ ACCELERATOR_ACC_POLICY = (
 )
 THREE_D_ATTENTION = (
     "the backward of 3-D (batch, sequence, feature) attention: CPU runs its flash kernel; openreg, like "
-    "CUDA (whose fused kernels take 4-D inputs only), runs the math path (cpp/attention.cpp), whose "
-    "float16/bfloat16 rounding differs; 4-D attention equals CPU (test_attention.py)"
+    "CUDA (whose fused kernels take 4-D inputs only), runs the math path (cpp/frontends/attention.cpp), "
+    "whose float16/bfloat16 rounding differs; 4-D attention equals CPU (test_attention.py)"
 )
 KNOWN_FAILURES = {
     **{

@@ -448,7 +448,7 @@ def test_launches_are_asynchronous_by_default():
     s.synchronize()
 
 
-# Note [Composites that differ from CPU] (cpp/fallback.cpp): ops with their
+# Note [Composites that differ from CPU] (cpp/ops/fallback.cpp): ops with their
 # own CPU kernel and a default-backend composite reach the CPU kernel, so
 # low-precision results are the CPU's bit for bit.
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])

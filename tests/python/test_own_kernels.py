@@ -1,6 +1,6 @@
 """The kernels openreg computes with its own loops instead of CPU's
-(cpp/batch_norm.cpp, cpp/max_pool.cpp): max pooling equals CPU bit for bit,
-batch norm in training equals CPU to rounding (no less accurate), and every
+(cpp/ops/batch_norm.cpp, cpp/ops/max_pool.cpp): max pooling equals CPU bit for
+bit, batch norm in training equals CPU to rounding (no less accurate), and every
 call they do not take (other dtypes, layouts, modes, bad arguments) reaches
 CPU's kernel, with CPU's errors."""
 

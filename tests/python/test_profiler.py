@@ -1,5 +1,5 @@
 """torch.profiler on openreg: the Kineto activity profiler registered for
-PrivateUse1 (cpp/profiler.cpp) records each kernel where it runs (Note
+PrivateUse1 (cpp/frontends/profiler.cpp) records each kernel where it runs (Note
 [Profiler activities] in src/profiler.rs), links it to the op that launched
 it, and puts each openreg stream on its own row of the trace."""
 
@@ -130,7 +130,7 @@ def _assert_sane_times(p, wall_us):
     (aten::matmul's include its aten::mm). No op's own device time is
     negative: an op's device time is never counted twice, once by device
     events and again by kernel activities, which would exceed the time of
-    the op around it (cpp/profiler.cpp)."""
+    the op around it (cpp/frontends/profiler.cpp)."""
     for e in p.key_averages():
         for value in (e.cpu_time_total, e.self_cpu_time_total, e.device_time_total, e.self_device_time_total):
             assert 0 <= value <= wall_us * 3, (e.key, value)
@@ -145,7 +145,8 @@ def test_legacy_profiler_with_use_device_times_ops_on_the_device():
     """use_device="openreg" without Kineto is the profiler's PrivateUse1
     fallback mode: each op is timed by device events through the stubs
     openreg registers (Note [Legacy profiler device timing] in
-    cpp/profiler_stubs.cpp). Without them every op's CPU time was garbage."""
+    cpp/frontends/profiler_stubs.cpp). Without them every op's CPU time was
+    garbage."""
     p, wall_us = _profiled_matmuls(use_device="openreg")
     _assert_sane_times(p, wall_us)
     averages = {e.key: e for e in p.key_averages()}

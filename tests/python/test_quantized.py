@@ -1,5 +1,5 @@
 """Quantized tensors on openreg where CUDA has them (Note [Quantized
-tensors] in cpp/fallback.cpp): per-tensor and per-channel quantize and
+tensors] in cpp/ops/fallback.cpp): per-tensor and per-channel quantize and
 dequantize, int_repr, the quantization parameters, views and copies, equal
 to CPU."""
 

@@ -1,6 +1,6 @@
 """A kernel's warnings reach Python's `warnings` as many times as on CPU
-(Note [Kernel warnings] in cpp/device_memory.h), whether the op runs inline,
-queued or on a busy stream, first call or cached plan."""
+(Note [Kernel warnings] in cpp/device/device_memory.h), whether the op runs
+inline, queued or on a busy stream, first call or cached plan."""
 
 import warnings
 

@@ -154,9 +154,9 @@ def _lazy_init() -> None:
     kernel a process runs imports ``torch._dynamo`` (about 1.3 s), through
     ``torch._disable_dynamo`` on torch's Python references. openreg runs Meta
     kernels to plan an op's results while the device computes (Note [Meta
-    results] in cpp/meta_results.h), so that import would stall the host
+    results] in cpp/ops/meta_results.h), so that import would stall the host
     behind queued work the first time an op without a C++ Meta kernel (Note
-    [C++ Meta kernels] in cpp/meta_kernels.h) is planned: ``relu``,
+    [C++ Meta kernels] in cpp/ops/meta_kernels.h) is planned: ``relu``,
     ``layer_norm``, ``embedding``... It is paid here instead, where no device
     work can be waiting, as a CUDA program pays for its context on its
     first CUDA tensor. The runtime itself still initializes on first use,

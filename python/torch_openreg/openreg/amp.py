@@ -3,10 +3,11 @@
 ``torch.autocast("openreg", dtype=...)`` is the generic entry point; it asks
 this backend which dtypes it supports (:func:`get_amp_supported_dtype`) and
 turns on the AutocastPrivateUse1 kernels the library registers at load, which
-follow CUDA's op policy (Note [Autocast policy] in ``cpp/autocast.cpp``).
-``autocast``, ``GradScaler``, ``custom_fwd`` and ``custom_bwd`` here are the
-generic ``torch.amp`` classes and decorators bound to the openreg device, for
-code written against ``torch.cuda.amp``. The loss scaler's inf/NaN check
+follow CUDA's op policy (Note [Autocast policy] in
+``cpp/frontends/autocast.cpp``). ``autocast``, ``GradScaler``, ``custom_fwd``
+and ``custom_bwd`` here are the generic ``torch.amp`` classes and decorators
+bound to the openreg device, for code written against ``torch.cuda.amp``. The
+loss scaler's inf/NaN check
 (``torch._amp_foreach_non_finite_check_and_unscale_``) and scale update
 (``torch._amp_update_scale_``) run as device kernels on the current stream.
 """
