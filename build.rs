@@ -92,7 +92,7 @@ fn main() {
         "cpp/frontends/profiler.cpp",
         "cpp/frontends/profiler_stubs.cpp",
     ];
-    cxx_build::bridge("src/ffi.rs")
+    cxx_build::bridge("src/bridge/ffi.rs")
         .files(sources)
         .std("c++20")
         .include(&include)
@@ -135,7 +135,7 @@ fn main() {
         "cpp/graphs/graph_kernels.h",
         "cpp/device/memory_generation.h",
         "cpp/device/current_device.h",
-        "src/ffi.rs",
+        "src/bridge/ffi.rs",
     ]) {
         println!("cargo:rerun-if-changed={path}");
     }

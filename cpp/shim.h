@@ -1,4 +1,4 @@
-// The C++ side of the cxx bridge (src/ffi.rs): functions Rust calls into,
+// The C++ side of the cxx bridge (src/bridge/ffi.rs): functions Rust calls into,
 // and the helper every shim method uses to turn Rust errors into c10::Error.
 // Kept free of PyTorch headers: the generated bridge code includes it.
 #pragma once
@@ -36,7 +36,7 @@ static_assert(sizeof(KernelBuffer) == 4 * sizeof(uintptr_t), "KernelBuffer must 
 // once per replay when a graph captured it (so it must not consume what it
 // captured). `name` and `buffers` describe it for a graph's debug dump;
 // `name` (a string that lives for the process: an operator's name or a
-// literal) also names it in an op timeout (Note [Task names] in src/stream.rs).
+// literal) also names it in an op timeout (Note [Task names] in src/runtime/stream.rs).
 struct Kernel {
   std::function<void()> body;
   const char* name = "kernel";
@@ -51,12 +51,12 @@ inline const char* kernel_name(const Kernel& kernel) noexcept {
 
 } // namespace openreg::ffi
 
-// Outside cxx: see Note [Guard hot path] in src/ffi.rs.
+// Outside cxx: see Note [Guard hot path] in src/bridge/ffi.rs.
 extern "C" {
 void openreg_guard_unchecked_set_device(int8_t index) noexcept;
-// See Note [Device memory generations] in src/allocator.rs.
+// See Note [Device memory generations] in src/runtime/allocator.rs.
 bool openreg_memory_is_current(uintptr_t ptr) noexcept;
-// Set while the stream sanitizer is on (src/sanitizer.rs): the shim's one
+// Set while the stream sanitizer is on (src/diagnostics/sanitizer.rs): the shim's one
 // test per launch when it is off.
 extern bool openreg_sanitizer_on;
 }

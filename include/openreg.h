@@ -1,6 +1,6 @@
 /*
  * openreg.h — the plain C ABI of the openreg runtime (no PyTorch needed),
- * in the spirit of a CUDA runtime header. Implemented in src/capi.rs and
+ * in the spirit of a CUDA runtime header. Implemented in src/bridge/capi.rs and
  * exported by libtorch_openreg.so.
  *
  * Every call returns an orError_t; on failure, orGetLastErrorMessage()

@@ -1,48 +1,33 @@
 //! torch_openreg: a simulated accelerator for PyTorch's PrivateUse1 backend.
 //!
-//! The runtime (devices, streams, events, generators, lifecycle, options) lives in these
-//! modules and knows nothing of PyTorch. `ffi` is the one bridge the C++ shim
-//! in `cpp/` calls through; `capi` is the plain C ABI of `include/openreg.h`.
+//! This crate is the runtime: devices, streams, events, memory, graphs,
+//! generators, lifecycle and options, knowing nothing of PyTorch. The C++
+//! shim in `cpp/` subclasses PyTorch's interfaces and calls in through the
+//! one cxx bridge (`bridge::ffi`); C programs use `bridge::capi`
+//! (`include/openreg.h`).
 //!
-//! Note [Layers]: the modules form layers, each using only those below it
-//! (its `crate::` paths name no higher layer), from the bottom: the ground
-//! floor (errors, options, logging, hooks), memory (device memory, pinned
-//! host memory, memory history), the runtime core (devices, streams and
-//! the one door, events, the caching allocator, the kernel pool,
-//! lifecycle, graphs, generators), the diagnostics (the stream sanitizer
-//! and pinned guard, sync debug, injected faults, device stop, dtype
-//! recording), and the bridge to C++ and C (`ffi`, `capi`). Where a lower
-//! layer must let a higher one act, it owns a hook (Note [Hooks] in
-//! hook.rs); `wire` below installs them all.
+//! Note [Layers]: the modules sit in five folders, each using only the
+//! folders below it (its `crate::` paths name no higher folder;
+//! tests/layering.rs holds the rule), from the bottom:
+//!  - `base`: errors, options, logging, and the hooks higher layers fill;
+//!  - `memory`: device memory, pinned host memory, memory statistics and
+//!    the allocation history;
+//!  - `runtime`: the devices and their streams (the one door every piece of
+//!    device work passes), events, the caching allocator, the kernel pool,
+//!    graphs, generators, lifecycle, and the device controls PyTorch asks
+//!    of a device (stop, op timeout, utilization, profiler activity);
+//!  - `diagnostics`: what watches the runtime for the user: the stream
+//!    sanitizer and its pinned memory guard, sync debug, injected faults,
+//!    dtype recording;
+//!  - `bridge`: the only code that talks to C++ or C.
+//! Where a lower layer must let a higher one act, it owns a hook (Note
+//! [Hooks] in src/base/hook.rs) and `wire` below installs them all.
 
-pub mod allocator;
-pub mod capi;
-pub mod device;
-pub mod device_stop;
-pub mod dtype_record;
-pub mod error;
-pub mod event;
-pub mod fault;
-mod ffi;
-pub mod generator;
-pub mod graph;
-pub mod hook;
-pub mod kernel_pool;
-pub mod lifecycle;
-pub mod log;
+pub mod base;
+pub mod bridge;
+pub mod diagnostics;
 pub mod memory;
-pub mod memory_history;
-pub mod op_timeout;
-pub mod options;
-pub mod pinned;
-mod pinned_guard;
-pub mod profiler;
-pub mod runtime_hooks;
-pub mod sanitizer;
-pub mod stat;
-pub mod stream;
-pub mod sync_debug;
-pub mod utilization;
+pub mod runtime;
 
 /// Registers the backend with PyTorch when the shared library is loaded, by
 /// whatever way in (Python import, `ctypes`/`torch.ops.load_library`, a
@@ -56,23 +41,20 @@ static REGISTER_ON_LOAD: extern "C" fn() = register_on_load;
 extern "C" fn register_on_load() {
     wire();
     // Nothing may unwind out of a load-time constructor.
-    if let Err(e) = ffi::register_backend() {
+    if let Err(e) = bridge::ffi::register_backend() {
         eprintln!("torch_openreg: registering the openreg backend with PyTorch failed: {e}");
     }
 }
 
-/// Installs every hook (Note [Hooks] in hook.rs): what the higher layers
-/// do at the lower layers' hook points. Runs once, at load, before anything
-/// can use a device.
+/// Installs every hook (Note [Hooks] in src/base/hook.rs): what the
+/// higher layers do at the lower layers' hook points. Runs once, at load,
+/// before anything can use a device.
 fn wire() {
-    log::WARNING_SINK.install(|message| ffi::emit_warning(message));
-    fault::install_hooks();
-    sanitizer::install_hooks();
-    pinned_guard::install_hooks();
-    sync_debug::install_hooks();
+    base::log::WARNING_SINK.install(|message| bridge::ffi::emit_warning(message));
+    diagnostics::install_hooks();
 }
 
 /// Whether the load-time registration ran and succeeded (checked by tests).
 pub fn backend_registered() -> bool {
-    ffi::backend_registered()
+    bridge::ffi::backend_registered()
 }

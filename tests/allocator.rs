@@ -5,10 +5,10 @@ use std::sync::Once;
 use std::thread;
 use std::time::Duration;
 
-use torch_openreg::allocator::{DeviceAllocator, SMALL_SEGMENT};
-use torch_openreg::device;
-use torch_openreg::error::ErrorKind;
-use torch_openreg::stream::{StreamQueue, Task};
+use torch_openreg::runtime::allocator::{DeviceAllocator, SMALL_SEGMENT};
+use torch_openreg::runtime::device;
+use torch_openreg::base::error::ErrorKind;
+use torch_openreg::runtime::stream::{StreamQueue, Task};
 
 const MIB: usize = 1 << 20;
 

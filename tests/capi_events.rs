@@ -1,5 +1,5 @@
 //! The C ABI's event calls (include/openreg.h), called as a C program would:
-//! handles are validated (Note [Event handles] in src/event.rs), and a
+//! handles are validated (Note [Event handles] in src/runtime/event.rs), and a
 //! stream may wait on an event of another device.
 
 use std::ffi::{c_void, CStr};
@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::Duration;
 
-use torch_openreg::capi::*;
+use torch_openreg::bridge::capi::*;
 
 const INVALID_HANDLE: OrError = 3;
 const INVALID_VALUE: OrError = 2;

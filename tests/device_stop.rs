@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use torch_openreg::allocator;
-use torch_openreg::capi::*;
-use torch_openreg::device;
-use torch_openreg::device_stop;
-use torch_openreg::error::ErrorKind;
-use torch_openreg::event::Event;
-use torch_openreg::stream::Task;
+use torch_openreg::runtime::allocator;
+use torch_openreg::bridge::capi::*;
+use torch_openreg::runtime::device;
+use torch_openreg::runtime::device_stop;
+use torch_openreg::base::error::ErrorKind;
+use torch_openreg::runtime::event::Event;
+use torch_openreg::runtime::stream::Task;
 
 fn counting(counter: &Arc<AtomicUsize>) -> Task {
     let counter = Arc::clone(counter);
@@ -81,7 +81,7 @@ fn stop_abandons_rejects_and_restart_makes_old_memory_stale() {
         "{}",
         error.message
     );
-    assert!(!stream.try_begin_inline(torch_openreg::stream::TaskName::INLINE));
+    assert!(!stream.try_begin_inline(torch_openreg::runtime::stream::TaskName::INLINE));
     let alloc = ctx.allocator.malloc(64, stream).err().unwrap();
     assert!(!alloc.out_of_memory && alloc.error.kind == ErrorKind::DeviceStopped);
     let event = Event::new(1, false).unwrap();

@@ -2,9 +2,9 @@
 //! fault from the start of the process. Its own test binary, so the variable
 //! is set before the runtime reads its options.
 
-use torch_openreg::device;
-use torch_openreg::fault::{self, Fault};
-use torch_openreg::stream::Task;
+use torch_openreg::runtime::device;
+use torch_openreg::diagnostics::fault::{self, Fault};
+use torch_openreg::runtime::stream::Task;
 
 #[test]
 fn the_option_arms_a_kernel_fault_counted_from_the_start() {

@@ -7,12 +7,12 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use torch_openreg::device;
-use torch_openreg::error::ErrorKind;
-use torch_openreg::event::Event;
-use torch_openreg::generator::Generator;
-use torch_openreg::graph::{self, CaptureMode};
-use torch_openreg::stream::{StreamQueue, Task};
+use torch_openreg::runtime::device;
+use torch_openreg::base::error::ErrorKind;
+use torch_openreg::runtime::event::Event;
+use torch_openreg::runtime::generator::Generator;
+use torch_openreg::runtime::graph::{self, CaptureMode};
+use torch_openreg::runtime::stream::{StreamQueue, Task};
 
 /// Captures are process-wide state (a "global" capture forbids every host
 /// synchronization): the tests of this binary run one at a time.
@@ -194,7 +194,7 @@ fn random_slices_in_a_capture_are_relative_to_each_replay() {
     let s = fresh_stream();
     let generator = Generator::new(7);
     // reserve_random_in_capture reads the current stream: make `s` current.
-    torch_openreg::stream::exchange_current_stream(0, s.id()).unwrap();
+    torch_openreg::runtime::stream::exchange_current_stream(0, s.id()).unwrap();
     device::set_device(0).unwrap();
     graph::begin_capture(s, CaptureMode::Global, (0, 0), false).unwrap();
     let (first, cell) = graph::reserve_random_in_capture(&generator, 10)
@@ -210,7 +210,7 @@ fn random_slices_in_a_capture_are_relative_to_each_replay() {
     );
     assert_eq!(generator.offset(), 0, "capture advanced the generator");
     let executable = Arc::new(graph::end_capture(s).unwrap());
-    torch_openreg::stream::exchange_current_stream(0, 0).unwrap();
+    torch_openreg::runtime::stream::exchange_current_stream(0, 0).unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     for _ in 0..2 {
         executable.launch(s).unwrap();

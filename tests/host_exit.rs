@@ -1,4 +1,4 @@
-//! The host-exit protocol (Note [Host exit] in src/lifecycle.rs), through the
+//! The host-exit protocol (Note [Host exit] in src/runtime/lifecycle.rs), through the
 //! C ABI the Python package calls at exit. Closing the release gate is
 //! process-wide and final, hence this binary of its own with one test.
 
@@ -7,13 +7,13 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::Duration;
 
-use torch_openreg::capi::{
+use torch_openreg::bridge::capi::{
     orKernelReleaseBegin, orKernelReleaseEnd, orPrepareHostExit, OR_SUCCESS,
 };
-use torch_openreg::device;
-use torch_openreg::error::Error;
-use torch_openreg::lifecycle;
-use torch_openreg::stream::Task;
+use torch_openreg::runtime::device;
+use torch_openreg::base::error::Error;
+use torch_openreg::runtime::lifecycle;
+use torch_openreg::runtime::stream::Task;
 
 fn flag_after(ms: u64, flag: &Arc<AtomicBool>) -> Task {
     let flag = flag.clone();

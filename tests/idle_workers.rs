@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use torch_openreg::device;
-use torch_openreg::stream::{self, Task};
+use torch_openreg::runtime::device;
+use torch_openreg::runtime::stream::{self, Task};
 
 #[test]
 fn idle_workers_exit_and_restart_on_demand() {

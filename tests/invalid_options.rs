@@ -3,8 +3,8 @@
 //! and the options stay readable. Its own test binary (one test), so the
 //! variables are set before the runtime reads its options.
 
-use torch_openreg::error::ErrorKind;
-use torch_openreg::{device, options};
+use torch_openreg::base::error::ErrorKind;
+use torch_openreg::{runtime::device, base::options};
 
 #[test]
 fn initialization_fails_naming_each_invalid_variable() {

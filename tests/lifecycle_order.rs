@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use torch_openreg::capi::{orFinalize, OR_SUCCESS};
-use torch_openreg::device;
-use torch_openreg::lifecycle::{self, PRIORITY_MEMORY, PRIORITY_STREAMS};
-use torch_openreg::stream::Task;
+use torch_openreg::bridge::capi::{orFinalize, OR_SUCCESS};
+use torch_openreg::runtime::device;
+use torch_openreg::runtime::lifecycle::{self, PRIORITY_MEMORY, PRIORITY_STREAMS};
+use torch_openreg::runtime::stream::Task;
 
 #[test]
 fn finalize_releases_by_priority_after_draining() {

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use torch_openreg::device;
-use torch_openreg::error::ErrorKind;
-use torch_openreg::op_timeout;
-use torch_openreg::stream::{StreamQueue, Task, TaskName};
+use torch_openreg::runtime::device;
+use torch_openreg::base::error::ErrorKind;
+use torch_openreg::runtime::op_timeout;
+use torch_openreg::runtime::stream::{StreamQueue, Task, TaskName};
 
 fn sleep_task(ms: u64) -> Task {
     Task::Run(Box::new(move || {

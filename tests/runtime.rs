@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use torch_openreg::device;
-use torch_openreg::error::ErrorKind;
-use torch_openreg::event::Event;
-use torch_openreg::stream::{self, StreamQueue, Task};
+use torch_openreg::runtime::device;
+use torch_openreg::base::error::ErrorKind;
+use torch_openreg::runtime::event::Event;
+use torch_openreg::runtime::stream::{self, StreamQueue, Task};
 
 /// Host work for a stream that cannot fail.
 fn host(f: impl FnOnce() + Send + 'static) -> Task {

@@ -3,10 +3,10 @@
 
 use std::sync::Mutex;
 
-use torch_openreg::event::Event;
-use torch_openreg::sanitizer::{self, KernelBuffer, Mode};
-use torch_openreg::stream::{self, StreamQueue, TaskName};
-use torch_openreg::{allocator, device};
+use torch_openreg::runtime::event::Event;
+use torch_openreg::diagnostics::sanitizer::{self, KernelBuffer, Mode};
+use torch_openreg::runtime::stream::{self, StreamQueue, TaskName};
+use torch_openreg::{runtime::allocator, runtime::device};
 
 /// The sanitizer's state is the process's: tests take turns.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -211,7 +211,7 @@ fn concurrent_host_reads_of_a_guarded_pinned_buffer_are_one_report() {
     let copy_stream = stream(1, 0);
     const READERS: usize = 4;
     let bytes = 2 * 4096;
-    let host = torch_openreg::pinned::malloc(bytes).unwrap();
+    let host = torch_openreg::memory::pinned::malloc(bytes).unwrap();
     for _ in 0..100 {
         sanitizer::guard_pinned_copy(copy_stream, host, bytes, true, "host");
         let start = std::sync::Barrier::new(READERS);
@@ -228,5 +228,5 @@ fn concurrent_host_reads_of_a_guarded_pinned_buffer_are_one_report() {
         assert_eq!(kind_count("pinned_host_access"), 1);
         sanitizer::clear();
     }
-    torch_openreg::pinned::free(host);
+    torch_openreg::memory::pinned::free(host);
 }

@@ -4,17 +4,17 @@
 
 use std::ffi::c_void;
 
-use torch_openreg::capi::{orIpcCloseMemHandle, orIpcGetMemHandle, orIpcOpenMemHandle, OR_SUCCESS};
-use torch_openreg::memory::{self, PAGE};
+use torch_openreg::bridge::capi::{orIpcCloseMemHandle, orIpcGetMemHandle, orIpcOpenMemHandle, OR_SUCCESS};
+use torch_openreg::memory::device_memory::{self, PAGE};
 
 #[test]
 fn a_second_mapping_aliases_device_memory() {
     let len = 4 * PAGE;
-    let base = memory::map(len).unwrap();
-    let (fd, region_base, region_len) = memory::shared_region(base + PAGE + 8).unwrap();
+    let base = device_memory::map(len).unwrap();
+    let (fd, region_base, region_len) = device_memory::shared_region(base + PAGE + 8).unwrap();
     assert_eq!((region_base, region_len), (base, len));
 
-    let alias = memory::map_shared(fd, len).unwrap();
+    let alias = device_memory::map_shared(fd, len).unwrap();
     assert_ne!(alias, base);
     // SAFETY: both are live mappings of `len` bytes of the same memory file.
     unsafe {
@@ -24,20 +24,20 @@ fn a_second_mapping_aliases_device_memory() {
         assert_eq!(*(base as *const u32), 7);
     }
     // The alias can be shared onwards, and outlives the original.
-    let (alias_fd, _, alias_len) = memory::shared_region(alias).unwrap();
+    let (alias_fd, _, alias_len) = device_memory::shared_region(alias).unwrap();
     assert_eq!(alias_len, len);
     assert_ne!(alias_fd, fd);
-    memory::unmap(base, len);
+    device_memory::unmap(base, len);
     // SAFETY: the alias is still mapped.
     unsafe { assert_eq!(*((alias + PAGE) as *const u64), 0x0123_4567_89ab_cdef) };
-    memory::unmap(alias, len);
-    assert!(memory::shared_region(alias).is_err());
+    device_memory::unmap(alias, len);
+    assert!(device_memory::shared_region(alias).is_err());
 }
 
 #[test]
 fn the_c_abi_exports_and_opens_device_memory() {
     let len = 2 * PAGE;
-    let base = memory::map(len).unwrap();
+    let base = device_memory::map(len).unwrap();
     let (mut fd, mut size, mut offset) = (-1, 0usize, 0usize);
     let ptr = (base + 100) as *mut c_void;
     assert_eq!(
@@ -76,5 +76,5 @@ fn the_c_abi_exports_and_opens_device_memory() {
         OR_SUCCESS,
         "a bad descriptor is an error"
     );
-    memory::unmap(base, len);
+    device_memory::unmap(base, len);
 }

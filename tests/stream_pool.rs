@@ -1,8 +1,8 @@
 //! Pool hand-out order, in its own binary: it counts every `from_pool` call,
 //! so no other test may take streams meanwhile.
 
-use torch_openreg::device;
-use torch_openreg::stream;
+use torch_openreg::runtime::device;
+use torch_openreg::runtime::stream;
 
 #[test]
 fn pool_streams_round_robin_and_clamp_priority() {

@@ -2,8 +2,8 @@
 //! streams, ids `1 + level * 4 + slot`. Its own test binary, so the size is
 //! set before the runtime reads its options.
 
-use torch_openreg::device;
-use torch_openreg::stream;
+use torch_openreg::runtime::device;
+use torch_openreg::runtime::stream;
 
 #[test]
 fn a_pool_of_four_streams() {

@@ -7,9 +7,9 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use torch_openreg::device;
-use torch_openreg::event::Event;
-use torch_openreg::stream::{StreamQueue, Task};
+use torch_openreg::runtime::device;
+use torch_openreg::runtime::event::Event;
+use torch_openreg::runtime::stream::{StreamQueue, Task};
 
 /// Host work for a stream that cannot fail.
 fn host(f: impl FnOnce() + Send + 'static) -> Task {

@@ -1,13 +1,13 @@
 // openreg's c10::DeviceAllocator (what torch.accelerator.memory_* read) and
 // its pinned host allocator. Memory and statistics live in the Rust caching
-// allocator (src/allocator.rs); this file converts and forwards.
+// allocator (src/runtime/allocator.rs); this file converts and forwards.
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
 
 #include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/checked.h"
 #include "torch_openreg/cpp/device/device_memory.h"
-#include "torch_openreg/src/ffi.rs.h"
+#include "torch_openreg/src/bridge/ffi.rs.h"
 
 namespace openreg {
 namespace {

@@ -11,7 +11,7 @@
 // from the thread pointer, one `mov %fs:` away, so the guard
 // (cpp/device/guard.cpp) reads and writes it inline.
 //  - One source of truth: only this slot holds the current device. Rust
-//    (src/device.rs) reads and writes it through the two accessors below,
+//    (src/runtime/device.rs) reads and writes it through the two accessors below,
 //    never a copy, so the guard, the bridge and the C ABI always agree.
 //  - The price of initial-exec in a library that is dlopen'ed after the
 //    process started (Python imports torch_openreg late): the linker marks
@@ -35,7 +35,7 @@ extern __thread int8_t current_device_slot __attribute__((tls_model("initial-exe
 
 } // namespace openreg
 
-// The accessors Rust uses (src/device.rs). Never throw.
+// The accessors Rust uses (src/runtime/device.rs). Never throw.
 extern "C" {
 int8_t openreg_current_device_get() noexcept;
 void openreg_current_device_set(int8_t index) noexcept;

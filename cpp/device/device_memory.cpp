@@ -16,7 +16,7 @@
 #include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/checked.h"
 #include "torch_openreg/cpp/device/memory_generation.h"
-#include "torch_openreg/src/ffi.rs.h"
+#include "torch_openreg/src/bridge/ffi.rs.h"
 
 // The OpenMP runtime PyTorch loaded (libtorch_cpu needs it), reached without
 // linking one of our own: a second runtime would have separate settings.

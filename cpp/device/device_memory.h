@@ -14,7 +14,7 @@
 #include <c10/util/Exception.h>
 
 #include "torch_openreg/cpp/checked.h"
-#include "torch_openreg/src/ffi.rs.h"
+#include "torch_openreg/src/bridge/ffi.rs.h"
 
 namespace openreg {
 
@@ -39,7 +39,7 @@ at::Tensor scratch_cpu_view(const at::Tensor& t, size_t slot);
 // Note [Kernel captures]: a queued kernel captures kernel_operand(t) of each
 // tensor it touches, never t. For a device tensor that is a CPU view of its
 // memory, which does not keep the memory alive: device memory is
-// stream-ordered (Note [Stream-ordered memory] in src/allocator.rs), so the
+// stream-ordered (Note [Stream-ordered memory] in src/runtime/allocator.rs), so the
 // tensor may be freed while the kernel is queued, as with CUDA. A host
 // tensor (pinned memory, a CPU scalar) is kept alive by a fresh TensorImpl
 // sharing its storage and geometry. Neither has a Python object: a kernel's
@@ -56,12 +56,12 @@ at::Tensor empty_on_current_device(
     std::optional<c10::MemoryFormat> memory_format = std::nullopt);
 
 // Note [One door]: every read or write of device memory is work on a stream
-// (src/stream.rs): a kernel queued with queue_kernel, or run in its place
+// (src/runtime/stream.rs): a kernel queued with queue_kernel, or run in its place
 // by run_inline when the stream is idle. Nothing here touches device memory
 // from the calling thread outside those two, and nothing waits for a stream
 // unless the caller must see a result on the host (run_in_stream_order).
 // Device memory is stream-ordered (Note [Stream-ordered memory] in
-// src/allocator.rs): a block freed by any thread may be handed out again at
+// src/runtime/allocator.rs): a block freed by any thread may be handed out again at
 // once, while a kernel queued earlier on its stream still reads it, so the
 // first write into fresh memory must itself be later stream work.
 
@@ -80,7 +80,7 @@ void resize_device_storage(const c10::Storage& storage, size_t new_bytes);
 void grow_device_storage(const c10::Storage& storage, size_t min_bytes);
 
 // Device memory is accessible to host code while this lives (Note [Memory
-// protection] in src/memory.rs). Free unless OPENREG_MEMORY_PROTECT=1.
+// protection] in src/memory/device_memory.rs). Free unless OPENREG_MEMORY_PROTECT=1.
 class DeviceAccess {
  public:
   DeviceAccess() {
@@ -140,9 +140,9 @@ class KernelScope {
 
 // What a kernel is: its name (a string that lives for the process, like an
 // operator's name) and the memory it reads and writes. Captured in a graph
-// it labels the kernel's node in the debug dump (src/graph.rs); the stream
+// it labels the kernel's node in the debug dump (src/runtime/graph.rs); the stream
 // sanitizer checks each launch's accesses (Note [Stream sanitizer] in
-// src/sanitizer.rs).
+// src/diagnostics/sanitizer.rs).
 struct KernelInfo {
   const char* name = "kernel";
   std::vector<ffi::KernelBuffer> buffers;
@@ -163,7 +163,7 @@ void sanitize(c10::DeviceIndex device, const KernelInfo& info);
 // Queues `body` as a kernel on the current stream of `device` (see
 // ffi::LaunchMode). A failure of a queued kernel is reported by the stream's
 // next synchronize; otherwise rethrown. A stream capturing a graph records
-// it instead (Note [Graph capture] in src/graph.rs): `body` then runs once
+// it instead (Note [Graph capture] in src/runtime/graph.rs): `body` then runs once
 // per replay, so it must not consume its captures.
 void queue_kernel(
     c10::DeviceIndex device,
@@ -264,7 +264,7 @@ class CollectedWarnings final : public c10::WarningHandler {
 // synchronization the caller needs, e.g. to read a value on the host). An
 // exception `body` throws reaches the caller as thrown. `what` names the
 // operation for sync-debug mode, which reports it whether or not the stream
-// is busy (Note [Sync debug] in src/sync_debug.rs); an empty `what` marks a
+// is busy (Note [Sync debug] in src/diagnostics/sync_debug.rs); an empty `what` marks a
 // wait of the runtime's own that CUDA would not make (a plan's first check,
 // Note [Meta results]), which is not reported and orders nothing for the
 // stream sanitizer, while a wait the user asked for orders the host after
@@ -298,7 +298,7 @@ bool run_in_stream_order(
     const bool warned = warnings.raise_here();
     if (host_waited.user_wait) {
       // A queued wait reports an earlier kernel's failure; so does this one
-      // (Note [Sticky kernel failures] in src/stream.rs).
+      // (Note [Sticky kernel failures] in src/runtime/stream.rs).
       checked([&] { ffi::report_stream_failure(device); });
     }
     host_waited.done();

@@ -8,7 +8,7 @@
 #include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/checked.h"
 #include "torch_openreg/cpp/device/current_device.h"
-#include "torch_openreg/src/ffi.rs.h"
+#include "torch_openreg/src/bridge/ffi.rs.h"
 
 namespace openreg {
 namespace {
@@ -84,7 +84,7 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   // The current device is the C++ slot of Note [Current device slot]
   // (cpp/device/current_device.h); see also Note [Guard hot path] in
-  // src/ffi.rs.
+  // src/bridge/ffi.rs.
   c10::Device exchangeDevice(c10::Device device) const override {
     if (C10_UNLIKELY(device.type() != kOpenReg || !is_known_device(device.index()))) {
       return exchange_device_slow(device);
@@ -154,13 +154,13 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   // REQUIRED to not raise: an invalid handle (destroyed twice, garbage) is
-  // ignored with a warning (Note [Event handles] in src/event.rs).
+  // ignored with a warning (Note [Event handles] in src/runtime/event.rs).
   void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
     ffi::destroy_event(event_handle(event));
   }
 
   // Creates the event on first record; PYTORCH_DEFAULT records no timing,
-  // BACKEND_DEFAULT does. See Note [Event versions] in src/event.rs.
+  // BACKEND_DEFAULT does. See Note [Event versions] in src/runtime/event.rs.
   void record(
       void** event,
       const c10::Stream& stream,
@@ -197,7 +197,7 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   // Exactly the dtypes that work here: the runtime's set of ScalarType codes
-  // (device::SUPPORTED_SCALAR_TYPES in src/device.rs), one bit field each.
+  // (device::SUPPORTED_SCALAR_TYPES in src/runtime/device.rs), one bit field each.
   c10::DeviceCapability getDeviceCapability(c10::Device device) const override {
     check_device_type(device, "getDeviceCapability");
     auto index = index_of(device);
@@ -221,7 +221,7 @@ struct OpenRegGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     checked([&] { ffi::synchronize_stream(stream.device_index(), stream.id()); });
   }
 
-  // Whether the stream records into a graph capture (src/graph.rs).
+  // Whether the stream records into a graph capture (src/runtime/graph.rs).
   bool isStreamCapturing(const c10::Stream& stream) const override {
     check_stream_type(stream, "isStreamCapturing");
     return checked([&] { return ffi::is_stream_capturing(stream.device_index(), stream.id()); });

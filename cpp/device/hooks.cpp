@@ -9,7 +9,7 @@
 #include "torch_openreg/cpp/device/device_memory.h"
 #include "torch_openreg/cpp/random/generator.h"
 #include "torch_openreg/cpp/checked.h"
-#include "torch_openreg/src/ffi.rs.h"
+#include "torch_openreg/src/bridge/ffi.rs.h"
 
 namespace openreg {
 namespace {

@@ -1,7 +1,7 @@
 // The check that device memory is of its device's current generation:
 // memory allocated before a device restart raises an error naming it
 // instead of being computed on (Note [Device memory generations] in
-// src/allocator.rs). Called where a device tensor becomes a CPU view for a
+// src/runtime/allocator.rs). Called where a device tensor becomes a CPU view for a
 // kernel (cpp/device/device_memory.cpp), so every kernel operand passes it.
 #pragma once
 
@@ -11,7 +11,7 @@
 #include <c10/macros/Macros.h>
 
 #include "torch_openreg/cpp/checked.h"
-#include "torch_openreg/src/ffi.rs.h"
+#include "torch_openreg/src/bridge/ffi.rs.h"
 
 namespace openreg {
 

@@ -1,7 +1,7 @@
 // torch.profiler's device activity for openreg: a Kineto activity profiler
 // (libkineto::IActivityProfiler) registered for PrivateUse1. A session
 // starts and stops the runtime's recording (Note [Profiler activities] in
-// src/profiler.rs), forwards PyTorch's per-op correlation ids to it, and at
+// src/runtime/profiler.rs), forwards PyTorch's per-op correlation ids to it, and at
 // the end hands Kineto one activity per kernel, linked to the op that
 // launched it, on a row per openreg stream.
 //
@@ -22,7 +22,7 @@
 #include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
 
 #include "torch_openreg/cpp/backend.h"
-#include "torch_openreg/src/ffi.rs.h"
+#include "torch_openreg/src/bridge/ffi.rs.h"
 
 namespace openreg {
 namespace {

@@ -1,6 +1,6 @@
 // at::GraphImplInterface for openreg: what torch.accelerator.Graph (and
 // at::accelerator::Graph in C++) creates for the openreg device. The graph
-// itself lives in Rust (src/graph.rs, Note [Graph capture]); this class
+// itself lives in Rust (src/runtime/graph.rs, Note [Graph capture]); this class
 // only forwards, turning Rust errors into c10::Error.
 #include <fstream>
 
@@ -9,7 +9,7 @@
 
 #include "torch_openreg/cpp/backend.h"
 #include "torch_openreg/cpp/checked.h"
-#include "torch_openreg/src/ffi.rs.h"
+#include "torch_openreg/src/bridge/ffi.rs.h"
 
 namespace openreg {
 namespace {
@@ -19,7 +19,7 @@ class Graph final : public at::GraphImplInterface {
   explicit Graph(const at::GraphImplArgs& args) : graph_(ffi::new_graph(args.keep_graph)) {}
 
   // Captures the current stream of the current device. The default mode is
-  // CUDA's default, "global" (Note [Capture modes] in src/graph.rs).
+  // CUDA's default, "global" (Note [Capture modes] in src/runtime/graph.rs).
   void capture_begin(at::MempoolId_t pool, at::GraphCaptureMode mode) override {
     checked([&] {
       ffi::graph_capture_begin(*graph_, ffi::PoolId{pool.first, pool.second}, static_cast<int8_t>(mode));

@@ -15,7 +15,7 @@
 #include "torch_openreg/cpp/device/device_memory.h"
 #include "torch_openreg/cpp/ops/dtype_policy.h"
 #include "torch_openreg/cpp/ops/kernel_split.h"
-#include "torch_openreg/src/ffi.rs.h"
+#include "torch_openreg/src/bridge/ffi.rs.h"
 
 namespace openreg {
 namespace {

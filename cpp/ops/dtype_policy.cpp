@@ -13,7 +13,7 @@
 
 #include "torch_openreg/cpp/generated/dtype_table.h"
 #include "torch_openreg/cpp/ops/ivalue_tensors.h"
-#include "torch_openreg/src/ffi.rs.h"
+#include "torch_openreg/src/bridge/ffi.rs.h"
 
 namespace openreg {
 namespace {

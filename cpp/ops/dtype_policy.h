@@ -21,7 +21,7 @@
 // Ops the table does not cover (op_db has no sample reaching them with that
 // dtype) keep the CPU kernels' set. OPENREG_DTYPES=cpu registers every
 // kernel as it is (the CPU kernels' set). OPENREG_DTYPES=record wraps every
-// kernel to record each call's op and dtype (src/dtype_record.rs, which the
+// kernel to record each call's op and dtype (src/diagnostics/dtype_record.rs, which the
 // generator reads), and computes a dtype the CPU kernel refuses in the
 // first wider dtype it accepts, recording that too; a view is never
 // widened (its result must alias its argument).

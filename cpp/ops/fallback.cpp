@@ -5,7 +5,7 @@
 // Note [Fallback]: a call takes one of three routes.
 //  1. Inline: the stream is idle and the operands are small, so the CPU
 //     kernel runs right here as the stream's next work (Note [Inline
-//     launches] in src/stream.rs).
+//     launches] in src/runtime/stream.rs).
 //  2. Queued: otherwise, if the op's results are planned (Note [Meta
 //     results]): its Meta kernel, run on stand-ins of arguments of the same
 //     metadata and checked against the CPU kernel once, tells what the
@@ -79,7 +79,7 @@
 #include "torch_openreg/cpp/ops/ivalue_tensors.h"
 #include "torch_openreg/cpp/ops/kernel_split.h"
 #include "torch_openreg/cpp/ops/meta_results.h"
-#include "torch_openreg/src/ffi.rs.h"
+#include "torch_openreg/src/bridge/ffi.rs.h"
 
 namespace openreg {
 namespace {
@@ -567,7 +567,7 @@ std::optional<OutVariant> out_variant(const c10::OperatorHandle& op) {
 // planned dtypes and shapes (and views the planned geometry) before they are
 // written where the plan put them. A mismatch fails the kernel, which the
 // next synchronizing call reports (Note [Sticky kernel failures] in
-// src/stream.rs) with the op's name; the plan is then dropped and the op's
+// src/runtime/stream.rs) with the op's name; the plan is then dropped and the op's
 // later new plans are checked where the host waits. A kernel that warns
 // marks its plan unusable too, so that later calls raise their warnings on
 // the caller's thread (Note [Kernel warnings]); this first call's warnings
@@ -746,7 +746,7 @@ void run_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool quan
   if (!split.split() &&
       run_inline(device.index(), call.largest_operand(), [&] { call.run_cpu_kernel_on_views(); }, name, accesses)) {
     if (ffi::stream_has_parked_failure(device.index()) && results_depend_on_data(op)) {
-      // As a waited call would (Note [Sticky kernel failures] in src/stream.rs).
+      // As a waited call would (Note [Sticky kernel failures] in src/runtime/stream.rs).
       checked([&] { ffi::report_stream_failure(device.index()); });
     }
     call.results_to_device(device);

@@ -9,7 +9,7 @@
 
 #include "torch_openreg/cpp/device/device_memory.h"
 #include "torch_openreg/cpp/ops/ivalue_tensors.h"
-#include "torch_openreg/src/ffi.rs.h"
+#include "torch_openreg/src/bridge/ffi.rs.h"
 
 extern "C" void orRunKernelChunks(size_t chunks, void (*body)(void*, size_t), void* context);
 

@@ -10,7 +10,7 @@
 // and that option, so every run computes each element with the same
 // instructions, whatever the thread count and whether the kernel ran inline
 // or queued. The chunks run on the kernel pool (Note [Kernel pool] in
-// src/kernel_pool.rs), inside the one stream task that launched them.
+// src/runtime/kernel_pool.rs), inside the one stream task that launched them.
 //
 // What is split, and along which dimension:
 //  - pointwise ops (torch.Tag.pointwise), copies and fills: the outermost

@@ -20,7 +20,7 @@
 #include "torch_openreg/cpp/ops/dtype_policy.h"
 #include "torch_openreg/cpp/ops/kernel_split.h"
 #include "torch_openreg/cpp/ops/meta_kernels.h"
-#include "torch_openreg/src/ffi.rs.h"
+#include "torch_openreg/src/bridge/ffi.rs.h"
 
 namespace openreg {
 
@@ -193,7 +193,7 @@ at::Tensor copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_bloc
   }
   // Under the sanitizer a non-blocking copy with pinned memory is done now
   // and its host memory guarded until the host synchronizes with it (Note
-  // [Pinned memory guard] in src/pinned_guard.rs).
+  // [Pinned memory guard] in src/diagnostics/pinned_guard.rs).
   const bool guard_pinned = asynchronous && !(src_on_device && dst_on_device) && sanitizer_on() &&
       !checked([&] { return ffi::is_current_stream_capturing(device); });
   if (cross_device) {

@@ -1,7 +1,7 @@
 // The parts of torch_openreg._C that share device memory between processes
 // (torch_openreg/_multiprocessing.py, Note [Sharing device memory between
 // processes] there): exporting and opening device memory over the C ABI
-// (Note [Shareable device memory] in src/memory.rs), one-shot interprocess
+// (Note [Shareable device memory] in src/memory/device_memory.rs), one-shot interprocess
 // signals on streams, made of pipes, and interprocess events.
 #include <Python.h>
 

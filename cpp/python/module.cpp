@@ -18,7 +18,7 @@
 // In generator.cpp (which needs torch's Python headers).
 extern "C" PyObject* openreg_get_default_generator(PyObject* self, PyObject* arg);
 extern "C" void openreg_register_fork_handler();
-// In src/dtype_record.rs (Note [Dtype policy] in cpp/ops/dtype_policy.h).
+// In src/diagnostics/dtype_record.rs (Note [Dtype policy] in cpp/ops/dtype_policy.h).
 extern "C" const char* orTakeRecordedKernelDtypes(void);
 // In ipc.cpp (sharing device memory between processes).
 extern "C" PyObject* openreg_ipc_mem_handle(PyObject* self, PyObject* arg);
@@ -271,7 +271,7 @@ static PyObject* sleep_kernel(PyObject* self, PyObject* arg) {
 
 /* _prepare_exit(): registered with atexit when the package is imported, so
  * CPython runs it before it finalizes: drains every stream and stops kernels
- * from releasing captures after that (Note [Host exit] in src/lifecycle.rs).
+ * from releasing captures after that (Note [Host exit] in src/runtime/lifecycle.rs).
  * Without the GIL: a kernel's captures may need it to be released. */
 static PyObject* prepare_exit(PyObject* self, PyObject* unused) {
   int code;

@@ -1,6 +1,6 @@
 // openreg's c10::GeneratorImpl: a counter-based Philox generator whose state
 // lives in Rust; every method forwards (see Note [Philox offsets] in
-// src/generator.rs).
+// src/runtime/generator.rs).
 #include "torch_openreg/cpp/random/generator.h"
 
 #include <cstring>

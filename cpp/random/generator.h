@@ -1,5 +1,5 @@
 // The openreg generators as ATen sees them (generator.cpp). Their state
-// (seed, offset) lives in Rust (src/generator.rs); a c10::GeneratorImpl here
+// (seed, offset) lives in Rust (src/runtime/generator.rs); a c10::GeneratorImpl here
 // holds only a handle to it.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <ATen/core/Generator.h>
 #include <c10/core/Device.h>
 
-#include "torch_openreg/src/ffi.rs.h"
+#include "torch_openreg/src/bridge/ffi.rs.h"
 
 namespace openreg {
 

@@ -1,5 +1,5 @@
 // Native random kernels. Each reserves its draws from the generator on the
-// host, at launch (Note [Philox offsets] in src/generator.rs), then fills a
+// host, at launch (Note [Philox offsets] in src/runtime/generator.rs), then fills a
 // contiguous float32/float64/int64 buffer in Rust as a kernel on the current
 // stream (Note [Philox draw layout]). A tensor of another dtype or layout
 // gets a contiguous temporary that the same kernel copies in.

@@ -27,7 +27,7 @@ record one per distinct set of int inputs (the sizes dynamic shapes pass):
   fallback plans and optimizer-free state settle) and returns that call's
   results; its graph is then captured on a side stream, over static copies
   of the tensor inputs not used in place, in a memory pool of its own,
-  which executes nothing (Note [Graph capture] in src/graph.rs);
+  which executes nothing (Note [Graph capture] in src/runtime/graph.rs);
 - a call whose signature was recorded copies those inputs into its graph's
   static copies, replays the graph on the current stream, and returns
   clones of the static outputs (so a result stays valid after the next

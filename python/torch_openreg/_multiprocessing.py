@@ -10,7 +10,7 @@ through it by PyTorch's own reductions); storages of other devices go to
 PyTorch's reduction.
 
 - Memory: each device mapping is a shared mapping of a memory file (Note
-  [Shareable device memory] in src/memory.rs). A storage travels as that
+  [Shareable device memory] in src/memory/device_memory.rs). A storage travels as that
   file's descriptor, the mapping's size, and the storage's offset and size
   in it; the receiver maps the same pages (``_C._ipc_open_storage``).
   Descriptors travel through multiprocessing's resource sharer, which holds

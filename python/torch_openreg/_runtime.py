@@ -20,7 +20,7 @@ from torch_openreg import openreg  # noqa: E402
 # registered first): queued kernels finish while Python is whole, and a
 # kernel that runs later leaks its captured tensors instead of releasing
 # their Python objects, which would abort the process (Note [Host exit] in
-# src/lifecycle.rs).
+# src/runtime/lifecycle.rs).
 atexit.register(_C._prepare_exit)
 
 

@@ -53,8 +53,8 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// Emits `message` once per process as a warning (`crate::log`).
+/// Emits `message` once per process as a warning (`crate::base::log`).
 /// Used on paths that must not fail (`noexcept` guard methods, option parsing).
 pub fn warn_once(message: &str) {
-    crate::log::once(crate::log::Level::Warn, message)
+    crate::base::log::once(crate::base::log::Level::Warn, message)
 }

@@ -12,8 +12,8 @@ use std::collections::HashSet;
 
 use parking_lot::Mutex;
 
-use crate::hook::Hook;
-use crate::options;
+use crate::base::hook::Hook;
+use crate::base::options;
 
 /// Message levels, most severe first; `OPENREG_LOG` names the least severe
 /// one shown (default `warn`).

@@ -17,10 +17,10 @@
 
 use once_cell::sync::Lazy;
 
-use crate::error::{warn_once, Error, Result};
-use crate::fault::Fault;
-use crate::log::Level;
-use crate::sync_debug::SyncDebugMode;
+use crate::base::error::{warn_once, Error, Result};
+use crate::diagnostics::fault::Fault;
+use crate::base::log::Level;
+use crate::diagnostics::sync_debug::SyncDebugMode;
 
 /// The most devices the runtime will simulate. Bounded so that per-thread
 /// state can be fixed-size arrays (see `device.rs`).
@@ -61,16 +61,16 @@ pub struct Options {
     /// kernels] in cpp/ops/kernel_split.h, [Chunk size] in kernel_split.cpp).
     /// Results may depend on it (chunk boundaries), never on the threads.
     pub split_elements: usize,
-    /// `OPENREG_LOG`: the least severe message level shown (`crate::log`).
+    /// `OPENREG_LOG`: the least severe message level shown (`crate::base::log`).
     pub log_level: Level,
     /// `OPENREG_EXIT_DRAIN_MS`: how long the host's exit waits for queued
     /// work before abandoning it (Note [Bounded exit drain] in lifecycle.rs).
     pub exit_drain_ms: u64,
-    /// `OPENREG_SYNC_DEBUG`: the initial sync-debug mode (`crate::sync_debug`).
+    /// `OPENREG_SYNC_DEBUG`: the initial sync-debug mode (`crate::diagnostics::sync_debug`).
     pub sync_debug: SyncDebugMode,
     /// `OPENREG_SANITIZER`: the initial stream sanitizer mode
     /// (Note [Stream sanitizer] in sanitizer.rs).
-    pub sanitizer: crate::sanitizer::Mode,
+    pub sanitizer: crate::diagnostics::sanitizer::Mode,
     /// `OPENREG_STREAM_POOL_SIZE`: streams in each priority's pool of a
     /// device, 1..=MAX_STREAM_POOL_SIZE (Note [StreamId assignment]).
     pub stream_pool_size: usize,
@@ -176,7 +176,7 @@ pub fn get() -> &'static Options {
 }
 
 /// The options, unless they are still being read (their parsing warns
-/// through `crate::log`, which reads the log level from them).
+/// through `crate::base::log`, which reads the log level from them).
 pub fn get_if_read() -> Option<&'static Options> {
     Lazy::get(&OPTIONS)
 }
@@ -210,8 +210,8 @@ impl Options {
             sync_debug: r.read("OPENREG_SYNC_DEBUG", SyncDebugMode::Default, "one of default, warn, error", |s| {
                 parse_choice(s, &SyncDebugMode::NAMES)
             }),
-            sanitizer: r.read("OPENREG_SANITIZER", crate::sanitizer::Mode::Off, "one of 0, 1, raise, warn", |s| {
-                parse_choice(s, &crate::sanitizer::Mode::NAMES)
+            sanitizer: r.read("OPENREG_SANITIZER", crate::diagnostics::sanitizer::Mode::Off, "one of 0, 1, raise, warn", |s| {
+                parse_choice(s, &crate::diagnostics::sanitizer::Mode::NAMES)
             }),
             stream_pool_size: r.read(
                 "OPENREG_STREAM_POOL_SIZE",
@@ -759,7 +759,7 @@ mod tests {
             ]
         );
         let error = o.check().unwrap_err();
-        assert_eq!(error.kind, crate::error::ErrorKind::InvalidValue);
+        assert_eq!(error.kind, crate::base::error::ErrorKind::InvalidValue);
         assert_eq!(
             error.message,
             "openreg cannot initialize: invalid option values: \

@@ -12,11 +12,11 @@ use std::sync::Arc;
 
 use once_cell::sync::Lazy;
 
-use crate::device;
-use crate::error::{Error, ErrorKind, Result};
-use crate::event::{handle, Event};
-use crate::options;
-use crate::stream::{self, StreamQueue, Task, TaskName, HIGHEST_PRIORITY, LOWEST_PRIORITY};
+use crate::runtime::device;
+use crate::base::error::{Error, ErrorKind, Result};
+use crate::runtime::event::{handle, Event};
+use crate::base::options;
+use crate::runtime::stream::{self, StreamQueue, Task, TaskName, HIGHEST_PRIORITY, LOWEST_PRIORITY};
 
 pub type OrError = c_int;
 pub const OR_SUCCESS: OrError = 0;
@@ -92,7 +92,7 @@ pub extern "C" fn orGetLastErrorMessage() -> *const c_char {
 
 #[no_mangle]
 pub extern "C" fn orGetDeviceCount(count: *mut c_int) -> OrError {
-    let enumeration_fails = crate::fault::strikes(crate::fault::Fault::Enumerate);
+    let enumeration_fails = crate::diagnostics::fault::strikes(crate::diagnostics::fault::Fault::Enumerate);
     guarded(|| {
         put(
             count,
@@ -119,8 +119,8 @@ pub extern "C" fn orSetDevice(device: c_int) -> OrError {
 pub extern "C" fn orDeviceSynchronize() -> OrError {
     guarded(|| {
         let what = "device synchronize (orDeviceSynchronize)";
-        crate::graph::check_host_sync(what, None)?;
-        crate::sync_debug::check(what)?;
+        crate::runtime::graph::check_host_sync(what, None)?;
+        crate::diagnostics::sync_debug::check(what)?;
         device::synchronize_device(device::current_device().into())
     })
 }
@@ -252,7 +252,7 @@ pub extern "C" fn orStreamGetPriority(stream: *const c_void, priority: *mut c_in
 pub extern "C" fn orStreamQuery(stream: *const c_void) -> OrError {
     guarded(|| {
         match stream_arg(stream)
-            .and_then(|s| crate::graph::check_not_capturing(s, "orStreamQuery").map(|_| s))?
+            .and_then(|s| crate::runtime::graph::check_not_capturing(s, "orStreamQuery").map(|_| s))?
             .host_query()?
         {
             true => Ok(()),
@@ -269,8 +269,8 @@ pub extern "C" fn orStreamSynchronize(stream: *const c_void) -> OrError {
     guarded(|| {
         let stream = stream_arg(stream)?;
         let what = format!("Stream.synchronize() of {stream}");
-        crate::graph::check_host_sync(&what, Some(stream))?;
-        crate::sync_debug::check(&what)?;
+        crate::runtime::graph::check_host_sync(&what, Some(stream))?;
+        crate::diagnostics::sync_debug::check(&what)?;
         stream.host_synchronize()
     })
 }
@@ -340,12 +340,12 @@ fn launch_host_func(
     let func =
         func.ok_or_else(|| Error::invalid_value(format!("{call}: the host function is null")))?;
     let data = SendPtr(user_data);
-    let work: crate::graph::Work = Box::new(move || {
+    let work: crate::runtime::graph::Work = Box::new(move || {
         let data = data;
         func(data.0);
         Ok(())
     });
-    let task = Task::Run(crate::profiler::timed(name.text().into_owned(), s, work));
+    let task = Task::Run(crate::runtime::profiler::timed(name.text().into_owned(), s, work));
     s.submit_named(task, name, || name.text().into_owned())
         .map(drop)
 }
@@ -446,9 +446,9 @@ pub extern "C" fn orLaunchKernel(
             // SAFETY: the caller passes `count` readable orMemAccess.
             _ => unsafe { std::slice::from_raw_parts(accesses, count) },
         };
-        let buffers: Vec<crate::sanitizer::KernelBuffer> = accesses
+        let buffers: Vec<crate::diagnostics::sanitizer::KernelBuffer> = accesses
             .iter()
-            .map(|a| crate::sanitizer::KernelBuffer {
+            .map(|a| crate::diagnostics::sanitizer::KernelBuffer {
                 address: a.ptr as usize,
                 bytes: a.bytes,
                 written: a.written != 0,
@@ -465,19 +465,19 @@ fn launch_owned(
     func: Option<HostFn>,
     owned: OwnedUserData,
     name: TaskName,
-    buffers: &[crate::sanitizer::KernelBuffer],
+    buffers: &[crate::diagnostics::sanitizer::KernelBuffer],
     call: &str,
 ) -> Result<()> {
     let s = stream_arg(stream)?;
     let func =
         func.ok_or_else(|| Error::invalid_value(format!("{call}: the host function is null")))?;
-    crate::sanitizer::check_launch(s, name, buffers, &|_| String::new())?;
-    let work: crate::graph::Work = Box::new(move || {
+    crate::diagnostics::sanitizer::check_launch(s, name, buffers, &|_| String::new())?;
+    let work: crate::runtime::graph::Work = Box::new(move || {
         let owned = &owned; // the whole value: it is what is Send
         func(owned.data.0);
         Ok(())
     });
-    let task = Task::Run(crate::profiler::timed(name.text().into_owned(), s, work));
+    let task = Task::Run(crate::runtime::profiler::timed(name.text().into_owned(), s, work));
     s.submit_named(task, name, move || name.text().into_owned())
         .map(drop)
 }
@@ -487,7 +487,7 @@ fn launch_owned(
 #[no_mangle]
 pub extern "C" fn orPrepareHostExit() -> OrError {
     guarded(|| {
-        crate::lifecycle::prepare_host_exit();
+        crate::runtime::lifecycle::prepare_host_exit();
         Ok(())
     })
 }
@@ -496,12 +496,12 @@ pub extern "C" fn orPrepareHostExit() -> OrError {
 /// `orKernelReleaseEnd`); 0: the host is exiting, leak it instead.
 #[no_mangle]
 pub extern "C" fn orKernelReleaseBegin() -> c_int {
-    crate::lifecycle::begin_kernel_release() as c_int
+    crate::runtime::lifecycle::begin_kernel_release() as c_int
 }
 
 #[no_mangle]
 pub extern "C" fn orKernelReleaseEnd() {
-    crate::lifecycle::end_kernel_release()
+    crate::runtime::lifecycle::end_kernel_release()
 }
 
 /// Later work on `stream` waits for the event's recorded point; the stream
@@ -582,7 +582,7 @@ pub extern "C" fn orMalloc(ptr: *mut *mut c_void, size: usize) -> OrError {
 
 #[no_mangle]
 pub extern "C" fn orFree(ptr: *mut c_void) -> OrError {
-    guarded(|| crate::allocator::free_anywhere(ptr as usize))
+    guarded(|| crate::runtime::allocator::free_anywhere(ptr as usize))
 }
 
 /// Free and total bytes of the current device.
@@ -618,7 +618,7 @@ pub extern "C" fn orIpcGetMemHandle(
     ptr: *mut c_void,
 ) -> OrError {
     guarded(|| {
-        let (file, base, len) = crate::memory::shared_region(ptr as usize)?;
+        let (file, base, len) = crate::memory::device_memory::shared_region(ptr as usize)?;
         put(fd, file)?;
         put(mapping_size, len)?;
         put(offset, ptr as usize - base)
@@ -637,7 +637,7 @@ pub extern "C" fn orIpcOpenMemHandle(
     guarded(|| {
         put(
             base,
-            crate::memory::map_shared(fd, mapping_size)? as *mut c_void,
+            crate::memory::device_memory::map_shared(fd, mapping_size)? as *mut c_void,
         )
     })
 }
@@ -646,10 +646,10 @@ pub extern "C" fn orIpcOpenMemHandle(
 #[no_mangle]
 pub extern "C" fn orIpcCloseMemHandle(base: *mut c_void) -> OrError {
     guarded(|| {
-        let len = crate::memory::mapping_len(base as usize).ok_or_else(|| {
+        let len = crate::memory::device_memory::mapping_len(base as usize).ok_or_else(|| {
             Error::invalid_value(format!("{base:p} is not a mapping from orIpcOpenMemHandle"))
         })?;
-        crate::memory::unmap(base as usize, len);
+        crate::memory::device_memory::unmap(base as usize, len);
         Ok(())
     })
 }
@@ -686,7 +686,7 @@ pub extern "C" fn orGetOptions() -> *const c_char {
 pub extern "C" fn orDeviceGetUtilization(device: c_int, percent: *mut c_int) -> OrError {
     guarded(|| {
         let index = device::check_index(device::resolve(device.into()))?;
-        let fraction = crate::utilization::busy_fraction(index, crate::utilization::WINDOW);
+        let fraction = crate::runtime::utilization::busy_fraction(index, crate::runtime::utilization::WINDOW);
         put(percent, (fraction * 100.0).round() as c_int)
     })
 }
@@ -730,13 +730,13 @@ pub extern "C" fn orRecordMemoryHistory(
     max_entries: usize,
 ) -> OrError {
     guarded(|| {
-        let settings = (enabled != 0).then_some(crate::memory_history::Settings {
+        let settings = (enabled != 0).then_some(crate::memory::history::Settings {
             trace: trace != 0,
             alloc_stacks: stacks >= 1,
             free_stacks: stacks >= 2,
             max_entries,
         });
-        crate::memory_history::set(settings)?;
+        crate::memory::history::set(settings)?;
         if settings.is_none() {
             device::existing_contexts().for_each(|ctx| ctx.allocator.clear_history());
         }
@@ -745,10 +745,10 @@ pub extern "C" fn orRecordMemoryHistory(
 }
 
 /// Installs the function that returns the calling thread's stack for memory
-/// history (null: none); see `memory_history::StackCollector`.
+/// history (null: none); see `memory::history::StackCollector`.
 #[no_mangle]
-pub extern "C" fn orSetStackCollector(collector: Option<crate::memory_history::StackCollector>) {
-    crate::memory_history::set_stack_collector(collector)
+pub extern "C" fn orSetStackCollector(collector: Option<crate::memory::history::StackCollector>) {
+    crate::memory::history::set_stack_collector(collector)
 }
 
 thread_local! {
@@ -766,7 +766,7 @@ pub extern "C" fn orMemorySnapshot(json: *mut *const c_char) -> OrError {
                 _ => None,
             })
             .collect();
-        let text = CString::new(crate::memory_history::to_json(&devices)).unwrap_or_default();
+        let text = CString::new(crate::memory::history::to_json(&devices)).unwrap_or_default();
         SNAPSHOT.with(|slot| {
             *slot.borrow_mut() = text;
             put(json, slot.borrow().as_ptr())
@@ -777,7 +777,7 @@ pub extern "C" fn orMemorySnapshot(json: *mut *const c_char) -> OrError {
 /// 0 "default", 1 "warn", 2 "error" (Note [Sync debug]).
 #[no_mangle]
 pub extern "C" fn orSetSyncDebugMode(mode: c_int) -> OrError {
-    use crate::sync_debug::SyncDebugMode;
+    use crate::diagnostics::sync_debug::SyncDebugMode;
     guarded(|| {
         let mode = match mode {
             0 => SyncDebugMode::Default,
@@ -789,14 +789,14 @@ pub extern "C" fn orSetSyncDebugMode(mode: c_int) -> OrError {
                 )))
             }
         };
-        crate::sync_debug::set_mode(mode);
+        crate::diagnostics::sync_debug::set_mode(mode);
         Ok(())
     })
 }
 
 #[no_mangle]
 pub extern "C" fn orGetSyncDebugMode() -> c_int {
-    crate::sync_debug::mode() as c_int
+    crate::diagnostics::sync_debug::mode() as c_int
 }
 
 /// Stops `device` (Note [Stopped devices]): its queued work is abandoned
@@ -804,13 +804,13 @@ pub extern "C" fn orGetSyncDebugMode() -> c_int {
 /// with `orErrorDeviceStopped` until `orDeviceRestart`.
 #[no_mangle]
 pub extern "C" fn orDeviceStop(device: c_int) -> OrError {
-    guarded(|| crate::device_stop::stop(device.into()).map(drop))
+    guarded(|| crate::runtime::device_stop::stop(device.into()).map(drop))
 }
 
 /// Brings back a stopped `device`; its memory allocated before is unusable.
 #[no_mangle]
 pub extern "C" fn orDeviceRestart(device: c_int) -> OrError {
-    guarded(|| crate::device_stop::restart(device.into()))
+    guarded(|| crate::runtime::device_stop::restart(device.into()))
 }
 
 #[no_mangle]
@@ -818,7 +818,7 @@ pub extern "C" fn orDeviceIsStopped(device: c_int, stopped: *mut c_int) -> OrErr
     guarded(|| {
         put(
             stopped,
-            crate::device_stop::is_stopped(device::check_index(device.into())?) as c_int,
+            crate::runtime::device_stop::is_stopped(device::check_index(device.into())?) as c_int,
         )
     })
 }
@@ -829,7 +829,7 @@ pub extern "C" fn orDeviceIsStopped(device: c_int, stopped: *mut c_int) -> OrErr
 #[no_mangle]
 pub extern "C" fn orFinalize() -> OrError {
     guarded(|| {
-        crate::lifecycle::finalize();
+        crate::runtime::lifecycle::finalize();
         Ok(())
     })
 }
@@ -847,9 +847,9 @@ pub struct HostMemoryStats {
 /// Statistics of the pinned host allocator.
 #[no_mangle]
 pub extern "C" fn orGetHostMemoryStats(stats: *mut HostMemoryStats) -> OrError {
-    let flat = |s: crate::allocator::Stat| [s.current, s.peak, s.allocated, s.freed];
+    let flat = |s: crate::runtime::allocator::Stat| [s.current, s.peak, s.allocated, s.freed];
     guarded(|| {
-        let s = crate::pinned::stats();
+        let s = crate::memory::pinned::stats();
         put(
             stats,
             HostMemoryStats {
@@ -867,10 +867,10 @@ pub extern "C" fn orGetHostMemoryStats(stats: *mut HostMemoryStats) -> OrError {
 pub extern "C" fn orResetHostMemoryStats(peak: c_int, accumulated: c_int) -> OrError {
     guarded(|| {
         if peak != 0 {
-            crate::pinned::reset_peak_stats();
+            crate::memory::pinned::reset_peak_stats();
         }
         if accumulated != 0 {
-            crate::pinned::reset_accumulated_stats();
+            crate::memory::pinned::reset_accumulated_stats();
         }
         Ok(())
     })
@@ -885,8 +885,8 @@ pub extern "C" fn orInjectFault(kind: *const c_char, after: u64) -> OrError {
         // SAFETY: a non-null `kind` is a NUL-terminated string (the C contract).
         let name = unsafe { kind.as_ref().map(|k| CStr::from_ptr(k)) }
             .ok_or_else(|| Error::invalid_value("orInjectFault: the fault kind is null"))?;
-        crate::fault::inject(
-            crate::fault::Fault::from_name(&name.to_string_lossy())?,
+        crate::diagnostics::fault::inject(
+            crate::diagnostics::fault::Fault::from_name(&name.to_string_lossy())?,
             after,
         );
         Ok(())
@@ -897,29 +897,29 @@ pub extern "C" fn orInjectFault(kind: *const c_char, after: u64) -> OrError {
 /// milliseconds (0: never), with an error naming the stream (Note [Op timeout]).
 #[no_mangle]
 pub extern "C" fn orSetOpTimeoutMs(ms: u64) {
-    crate::op_timeout::set_ms(ms)
+    crate::runtime::op_timeout::set_ms(ms)
 }
 
 #[no_mangle]
 pub extern "C" fn orGetOpTimeoutMs() -> u64 {
-    crate::op_timeout::get_ms()
+    crate::runtime::op_timeout::get_ms()
 }
 
 /// Live graph handles of the C ABI: a handle is the address of a boxed
 /// executable graph, valid only while listed here (so a destroyed or
 /// garbage handle is `orErrorInvalidHandle`, never a dangling read).
 static GRAPH_HANDLES: Lazy<
-    parking_lot::Mutex<std::collections::HashMap<usize, Arc<crate::graph::Executable>>>,
+    parking_lot::Mutex<std::collections::HashMap<usize, Arc<crate::runtime::graph::Executable>>>,
 > = Lazy::new(Default::default);
 
-fn new_graph_handle(executable: Arc<crate::graph::Executable>) -> *mut c_void {
+fn new_graph_handle(executable: Arc<crate::runtime::graph::Executable>) -> *mut c_void {
     let boxed = Box::new(0u8); // a unique address for the handle
     let handle = Box::into_raw(boxed) as usize;
     GRAPH_HANDLES.lock().insert(handle, executable);
     handle as *mut c_void
 }
 
-fn graph_arg(handle: *const c_void) -> Result<Arc<crate::graph::Executable>> {
+fn graph_arg(handle: *const c_void) -> Result<Arc<crate::runtime::graph::Executable>> {
     GRAPH_HANDLES
         .lock()
         .get(&(handle as usize))
@@ -952,16 +952,16 @@ fn destroy_graph_handle(handle: *const c_void) -> Result<()> {
 pub extern "C" fn orStreamBeginCapture(stream: *const c_void, mode: c_int) -> OrError {
     guarded(|| {
         let mode = match mode {
-            0 => crate::graph::CaptureMode::Global,
-            1 => crate::graph::CaptureMode::ThreadLocal,
-            2 => crate::graph::CaptureMode::Relaxed,
+            0 => crate::runtime::graph::CaptureMode::Global,
+            1 => crate::runtime::graph::CaptureMode::ThreadLocal,
+            2 => crate::runtime::graph::CaptureMode::Relaxed,
             _ => {
                 return Err(Error::invalid_value(format!(
                     "orStreamBeginCapture: unknown capture mode {mode}"
                 )))
             }
         };
-        crate::graph::begin_capture(stream_arg(stream)?, mode, (0, 0), false).map(drop)
+        crate::runtime::graph::begin_capture(stream_arg(stream)?, mode, (0, 0), false).map(drop)
     })
 }
 
@@ -971,7 +971,7 @@ pub extern "C" fn orStreamEndCapture(stream: *const c_void, graph: *mut *mut c_v
         if graph.is_null() {
             return Err(Error::invalid_value("a required output pointer is null"));
         }
-        let executable = crate::graph::end_capture(stream_arg(stream)?)?;
+        let executable = crate::runtime::graph::end_capture(stream_arg(stream)?)?;
         put(graph, new_graph_handle(Arc::new(executable)))
     })
 }
@@ -981,7 +981,7 @@ pub extern "C" fn orStreamIsCapturing(stream: *const c_void, capturing: *mut c_i
     guarded(|| {
         put(
             capturing,
-            crate::graph::is_capturing(stream_arg(stream)?) as c_int,
+            crate::runtime::graph::is_capturing(stream_arg(stream)?) as c_int,
         )
     })
 }
@@ -1022,7 +1022,7 @@ pub extern "C" fn orGraphDestroy(graph: *const c_void) -> OrError {
 #[no_mangle]
 pub extern "C" fn orGraphPoolHandle(first: *mut u64, second: *mut u64) -> OrError {
     guarded(|| {
-        let (a, b) = crate::graph::new_pool_handle();
+        let (a, b) = crate::runtime::graph::new_pool_handle();
         put(first, a)?;
         put(second, b)
     })
@@ -1033,7 +1033,7 @@ pub extern "C" fn orGraphPoolHandle(first: *mut u64, second: *mut u64) -> OrErro
 /// 0 off, 1 raise, 2 warn.
 #[no_mangle]
 pub extern "C" fn orSanitizerSetMode(mode: c_int) -> OrError {
-    use crate::sanitizer::Mode;
+    use crate::diagnostics::sanitizer::Mode;
     guarded(|| {
         let mode = match mode {
             0 => Mode::Off,
@@ -1045,7 +1045,7 @@ pub extern "C" fn orSanitizerSetMode(mode: c_int) -> OrError {
                 )))
             }
         };
-        crate::sanitizer::set_mode(mode);
+        crate::diagnostics::sanitizer::set_mode(mode);
         Ok(())
     })
 }
@@ -1053,14 +1053,14 @@ pub extern "C" fn orSanitizerSetMode(mode: c_int) -> OrError {
 /// The mode in force: 0 off, 1 raise, 2 warn.
 #[no_mangle]
 pub extern "C" fn orSanitizerGetMode() -> c_int {
-    crate::sanitizer::mode() as c_int
+    crate::diagnostics::sanitizer::mode() as c_int
 }
 
 /// The reports so far, by kind, in the order of `orSanitizerGetKindName`.
 #[no_mangle]
 pub extern "C" fn orSanitizerGetCounts(counts: *mut u64, len: usize) -> OrError {
     guarded(|| {
-        let all = crate::sanitizer::counts();
+        let all = crate::diagnostics::sanitizer::counts();
         if counts.is_null() || len < all.len() {
             return Err(Error::invalid_value(format!(
                 "orSanitizerGetCounts: needs room for {} counts",
@@ -1076,7 +1076,7 @@ pub extern "C" fn orSanitizerGetCounts(counts: *mut u64, len: usize) -> OrError 
 /// The name of report kind `kind` ("race", ...), or null past the last.
 #[no_mangle]
 pub extern "C" fn orSanitizerGetKindName(kind: usize) -> *const c_char {
-    crate::sanitizer::KIND_NAMES
+    crate::diagnostics::sanitizer::KIND_NAMES
         .get(kind)
         .map_or(std::ptr::null(), |n| n.as_ptr())
 }
@@ -1088,14 +1088,14 @@ thread_local! {
 /// How many reports are kept.
 #[no_mangle]
 pub extern "C" fn orSanitizerGetReportCount() -> usize {
-    crate::sanitizer::reports().len()
+    crate::diagnostics::sanitizer::reports().len()
 }
 
 /// Report `index`'s text, valid until the next call on this thread.
 #[no_mangle]
 pub extern "C" fn orSanitizerGetReport(index: usize, text: *mut *const c_char) -> OrError {
     guarded(|| {
-        let reports = crate::sanitizer::reports();
+        let reports = crate::diagnostics::sanitizer::reports();
         let report = reports.get(index).ok_or_else(|| {
             Error::invalid_value(format!(
                 "sanitizer report {index} does not exist ({} reports)",
@@ -1114,14 +1114,14 @@ pub extern "C" fn orSanitizerGetReport(index: usize, text: *mut *const c_char) -
 /// Drops the reports and counts.
 #[no_mangle]
 pub extern "C" fn orSanitizerClear() {
-    crate::sanitizer::clear()
+    crate::diagnostics::sanitizer::clear()
 }
 
 /// Installs the function that gives the Python line of the calling host
 /// code for reports (null: none); see `sanitizer::SourceCollector`.
 #[no_mangle]
 pub extern "C" fn orSanitizerSetSourceCollector(
-    collector: Option<crate::sanitizer::SourceCollector>,
+    collector: Option<crate::diagnostics::sanitizer::SourceCollector>,
 ) {
-    crate::sanitizer::set_source_collector(collector)
+    crate::diagnostics::sanitizer::set_source_collector(collector)
 }

@@ -11,14 +11,14 @@
 use std::ffi::c_char;
 use std::sync::Arc;
 
-use crate::allocator;
-use crate::device;
-use crate::error::Result;
-use crate::event::{handle, Event};
-use crate::generator::{self, Distribution, Element, Generator};
-use crate::memory;
-use crate::pinned;
-use crate::stream::{self, StreamId};
+use crate::runtime::allocator;
+use crate::runtime::device;
+use crate::base::error::Result;
+use crate::runtime::event::{handle, Event};
+use crate::runtime::generator::{self, Distribution, Element, Generator};
+use crate::memory::device_memory;
+use crate::memory::pinned;
+use crate::runtime::stream::{self, StreamId};
 
 #[cxx::bridge(namespace = "openreg::ffi")]
 mod bridge {
@@ -120,7 +120,7 @@ mod bridge {
         range: u64,
     }
 
-    /// A kernel's run, for the profiler (src/profiler.rs).
+    /// A kernel's run, for the profiler (src/runtime/profiler.rs).
     struct ProfiledActivity {
         name: String,
         device: i8,
@@ -174,7 +174,7 @@ mod bridge {
         fn synchronize_stream(device: i8, id: i64) -> Result<()>;
 
         // Events; `event` is 0 until the first record creates it. Handles are
-        // checked (Note [Event handles] in src/event.rs).
+        // checked (Note [Event handles] in src/runtime/event.rs).
         fn record_event(
             event: &mut usize,
             event_device: i8,
@@ -219,7 +219,7 @@ mod bridge {
         fn end_device_access();
 
         /// Fails if `ptr` is device memory allocated before its device's
-        /// restart (Note [Device memory generations] in src/allocator.rs);
+        /// restart (Note [Device memory generations] in src/runtime/allocator.rs);
         /// the shim calls it when `openreg_memory_is_current` said no.
         fn check_device_memory(ptr: usize) -> Result<()>;
 
@@ -243,7 +243,7 @@ mod bridge {
         /// far on the current stream of `device`.
         fn stream_wait_stream(waiter: i8, device: i8) -> Result<()>;
 
-        // The stream sanitizer (src/sanitizer.rs); the shim calls these only
+        // The stream sanitizer (src/diagnostics/sanitizer.rs); the shim calls these only
         // while `openreg_sanitizer_on` is set.
         /// Checks a launch named `name` on the current stream of `device`
         /// that accesses `count` buffers at `buffers`.
@@ -267,7 +267,7 @@ mod bridge {
             tensor: usize,
         ) -> Result<()>;
 
-        // Generators (src/generator.rs). A `Generator` is a handle: the
+        // Generators (src/runtime/generator.rs). A `Generator` is a handle: the
         // handles of a device's default generator share its state.
         type Generator;
         fn default_generator(device: i8) -> Result<Box<Generator>>;
@@ -297,7 +297,7 @@ mod bridge {
         /// Writes a random permutation of `0..n` as int64 at `data`.
         unsafe fn random_permutation(data: usize, n: usize, slice: RandomSlice);
 
-        // Graph capture and replay (src/graph.rs), for at::GraphImplInterface.
+        // Graph capture and replay (src/runtime/graph.rs), for at::GraphImplInterface.
         type Graph;
         fn new_graph(keep_graph: bool) -> Box<Graph>;
         /// Captures the current stream of the current device; `mode` is an
@@ -316,7 +316,7 @@ mod bridge {
         /// Whether the current stream of `device` is capturing a graph.
         fn is_current_stream_capturing(device: i8) -> Result<bool>;
 
-        // The profiler's device activity (src/profiler.rs).
+        // The profiler's device activity (src/runtime/profiler.rs).
         fn profiler_start();
         fn profiler_stop();
         fn profiler_take() -> Vec<ProfiledActivity>;
@@ -344,7 +344,7 @@ mod bridge {
         type Kernel;
         fn run_kernel(kernel: Pin<&mut Kernel>) -> Result<()>;
         /// `kernel`'s name: a string that lives for the process (Note
-        /// [Task names] in src/stream.rs).
+        /// [Task names] in src/runtime/stream.rs).
         fn kernel_name(kernel: &Kernel) -> *const c_char;
         /// What `kernel` is and touches, for a graph's debug dump.
         fn describe_kernel(kernel: &Kernel) -> String;
@@ -362,7 +362,7 @@ mod bridge {
 // thread at a time: the stream worker it was handed to.
 unsafe impl Send for bridge::Kernel {}
 
-use crate::graph::{CaptureMode, Graph};
+use crate::runtime::graph::{CaptureMode, Graph};
 pub use bridge::{backend_registered, emit_warning, register_backend};
 use bridge::{
     Allocation, DeviceStatsFfi, Kernel, LaunchMode, MemoryInfo, PoolId, ProfiledActivity,
@@ -431,16 +431,16 @@ fn is_initialized() -> bool {
 
 fn synchronize_device(index: i8) -> Result<()> {
     let what = "device synchronize (torch.openreg.synchronize)";
-    crate::graph::check_host_sync(what, None)?;
-    crate::sync_debug::check(what)?;
+    crate::runtime::graph::check_host_sync(what, None)?;
+    crate::diagnostics::sync_debug::check(what)?;
     device::synchronize_device(device::resolve(index.into()))
 }
 
 /// A host-blocking operation of the shim on the current stream of the
 /// current device (Note [Capture modes], Note [Sync debug]).
 fn check_host_sync(what: &str) -> Result<()> {
-    crate::graph::check_host_sync(what, Some(stream::current(-1)?))?;
-    crate::sync_debug::check(what)
+    crate::runtime::graph::check_host_sync(what, Some(stream::current(-1)?))?;
+    crate::diagnostics::sync_debug::check(what)
 }
 
 /// Bit `n` set: `c10::ScalarType` code `n` is supported (see
@@ -482,15 +482,15 @@ fn stream_native_handle(device: i8, id: i64) -> Result<usize> {
 
 fn query_stream(device: i8, id: i64) -> Result<bool> {
     let stream = stream::lookup(device.into(), id)?;
-    crate::graph::check_not_capturing(stream, "Stream.query()")?;
+    crate::runtime::graph::check_not_capturing(stream, "Stream.query()")?;
     stream.host_query()
 }
 
 fn synchronize_stream(device: i8, id: i64) -> Result<()> {
     let stream = stream::lookup(device.into(), id)?;
     let what = format!("Stream.synchronize() of {stream}");
-    crate::graph::check_host_sync(&what, Some(stream))?;
-    crate::sync_debug::check(&what)?;
+    crate::runtime::graph::check_host_sync(&what, Some(stream))?;
+    crate::diagnostics::sync_debug::check(&what)?;
     stream.host_synchronize()
 }
 
@@ -549,7 +549,7 @@ fn destroy_event(event: usize) {
         return; // never recorded, so never created
     }
     if let Err(e) = handle::release(event) {
-        crate::error::warn_once(&format!("destroyEvent ignored an invalid event: {e}"));
+        crate::base::error::warn_once(&format!("destroyEvent ignored an invalid event: {e}"));
     }
 }
 
@@ -560,7 +560,7 @@ fn event_elapsed_ms(start: usize, end: usize, device: i8) -> Result<f64> {
 }
 
 fn device_malloc(device: i8, size: usize) -> Allocation {
-    let failed = |error: crate::error::Error, out_of_memory| Allocation {
+    let failed = |error: crate::base::error::Error, out_of_memory| Allocation {
         ptr: 0,
         out_of_memory,
         error: error.message,
@@ -591,7 +591,7 @@ fn device_of_pointer(ptr: usize) -> i8 {
 
 fn record_stream(ptr: usize, device: i8, id: i64) -> Result<()> {
     let owner = allocator::device_of(ptr).ok_or_else(|| {
-        crate::error::Error::invalid_value(format!(
+        crate::base::error::Error::invalid_value(format!(
             "record_stream: {ptr:#x} is not openreg device memory"
         ))
     })?;
@@ -677,18 +677,18 @@ fn any_device_initialized() -> bool {
 }
 
 fn split_elements() -> usize {
-    crate::options::get().split_elements
+    crate::base::options::get().split_elements
 }
 
 fn record_kernel_dtype(op: &str, dtype: &str, computed: &str) {
-    crate::dtype_record::record(op, dtype, computed);
+    crate::diagnostics::dtype_record::record(op, dtype, computed);
 }
 
 fn dtype_policy() -> bridge::DtypePolicy {
-    match crate::options::DtypePolicy::at_load() {
-        crate::options::DtypePolicy::Cuda => bridge::DtypePolicy::Cuda,
-        crate::options::DtypePolicy::Cpu => bridge::DtypePolicy::Cpu,
-        crate::options::DtypePolicy::Record => bridge::DtypePolicy::Record,
+    match crate::base::options::DtypePolicy::at_load() {
+        crate::base::options::DtypePolicy::Cuda => bridge::DtypePolicy::Cuda,
+        crate::base::options::DtypePolicy::Cpu => bridge::DtypePolicy::Cpu,
+        crate::base::options::DtypePolicy::Record => bridge::DtypePolicy::Record,
     }
 }
 
@@ -705,11 +705,11 @@ fn is_pinned(ptr: usize) -> bool {
 }
 
 fn begin_device_access() {
-    memory::begin_access()
+    device_memory::begin_access()
 }
 
 fn end_device_access() {
-    memory::end_access()
+    device_memory::end_access()
 }
 
 fn begin_inline_kernel(device: i8) -> Result<bool> {
@@ -743,7 +743,7 @@ fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMod
     let name = unsafe { stream::TaskName::kernel_from_ptr(bridge::kernel_name(kernel_ref)) };
     if mode == LaunchMode::Wait {
         // The caller needs the result on the host now (Note [Capture modes]).
-        crate::graph::check_not_capturing(stream, "a kernel the host waits for")?;
+        crate::runtime::graph::check_not_capturing(stream, "a kernel the host waits for")?;
     }
     // Only a capturing stream asks, for its debug dump.
     let label = if stream.capture_pool() != 0 {
@@ -751,17 +751,17 @@ fn launch_kernel(device: i8, mut kernel: cxx::UniquePtr<Kernel>, mode: LaunchMod
     } else {
         String::new()
     };
-    let profiled_name = if crate::profiler::is_active() {
+    let profiled_name = if crate::runtime::profiler::is_active() {
         name.text().into_owned()
     } else {
         String::new()
     };
-    let work: crate::graph::Work = Box::new(move || {
+    let work: crate::runtime::graph::Work = Box::new(move || {
         let kernel = kernel.as_mut().expect("a launched kernel is never null");
         bridge::run_kernel(kernel)
-            .map_err(|e| crate::error::Error::invalid_value(e.what().to_string()))
+            .map_err(|e| crate::base::error::Error::invalid_value(e.what().to_string()))
     });
-    let task = stream::Task::Run(crate::profiler::timed(profiled_name, stream, work));
+    let task = stream::Task::Run(crate::runtime::profiler::timed(profiled_name, stream, work));
     match mode {
         LaunchMode::Wait => {
             let seq = stream.submit_named(task, name, String::new)?;
@@ -777,7 +777,7 @@ fn stream_wait_stream(waiter: i8, device: i8) -> Result<()> {
         stream::current(waiter.into())?,
         stream::current(device.into())?,
     );
-    crate::sanitizer::stream_waits_stream(waiter, source);
+    crate::diagnostics::sanitizer::stream_waits_stream(waiter, source);
     let seq = source.marker();
     if std::ptr::eq(waiter, source) || source.has_completed(seq) {
         return Ok(());
@@ -804,18 +804,18 @@ unsafe fn sanitize_launch(
         0 => &[][..],
         // SAFETY: per this function's contract.
         _ => unsafe {
-            std::slice::from_raw_parts(buffers.cast::<crate::sanitizer::KernelBuffer>(), count)
+            std::slice::from_raw_parts(buffers.cast::<crate::diagnostics::sanitizer::KernelBuffer>(), count)
         },
     };
     // SAFETY: a kernel's name lives for the process (cpp/shim.h).
     let name = unsafe { stream::TaskName::kernel_from_ptr(name) };
-    crate::sanitizer::check_launch(stream, name, buffers, &|tensor| {
+    crate::diagnostics::sanitizer::check_launch(stream, name, buffers, &|tensor| {
         bridge::describe_tensor(tensor)
     })
 }
 
 fn sanitizer_host_waited(device: i8) -> Result<()> {
-    crate::sanitizer::host_waited_for_stream(stream::current(device.into())?)
+    crate::diagnostics::sanitizer::host_waited_for_stream(stream::current(device.into())?)
 }
 
 fn sanitizer_guard_pinned(
@@ -826,7 +826,7 @@ fn sanitizer_guard_pinned(
     tensor: usize,
 ) -> Result<()> {
     let stream = stream::current(device.into())?;
-    crate::sanitizer::guard_pinned_copy(
+    crate::diagnostics::sanitizer::guard_pinned_copy(
         stream,
         address,
         bytes,
@@ -896,7 +896,7 @@ fn distribution(fill: &RandomFill) -> Result<(Distribution, Element)> {
             range: fill.range,
         },
         _ => {
-            return Err(crate::error::Error::invalid_value(
+            return Err(crate::base::error::Error::invalid_value(
                 "unknown random distribution",
             ))
         }
@@ -906,7 +906,7 @@ fn distribution(fill: &RandomFill) -> Result<(Distribution, Element)> {
         RandomElement::F64 => Element::F64,
         RandomElement::I64 => Element::I64,
         _ => {
-            return Err(crate::error::Error::invalid_value(
+            return Err(crate::base::error::Error::invalid_value(
                 "unknown random element type",
             ))
         }
@@ -928,7 +928,7 @@ fn reserve_randperm(g: &Generator, n: u64) -> Result<RandomSlice> {
 /// the current device: from the generator now, or from a graph's replay
 /// base if that stream is capturing.
 fn reserve(g: &Generator, draws: u64) -> Result<RandomSlice> {
-    if let Some((relative, cell)) = crate::graph::reserve_random_in_capture(g, draws)? {
+    if let Some((relative, cell)) = crate::runtime::graph::reserve_random_in_capture(g, draws)? {
         return Ok(RandomSlice {
             seed: 0,
             base: relative,
@@ -953,7 +953,7 @@ fn philox_slice(slice: &RandomSlice) -> generator::PhiloxSlice {
     }
     // SAFETY: `replay` is the address of a cell of the graph whose node
     // runs this kernel; the graph owns the cell and outlives its nodes' runs.
-    let cell = unsafe { &*(slice.replay as *const crate::graph::RandomCell) };
+    let cell = unsafe { &*(slice.replay as *const crate::runtime::graph::RandomCell) };
     cell.resolve(slice.base)
 }
 
@@ -1014,7 +1014,7 @@ fn graph_capture_begin(g: &Graph, pool: PoolId, mode: i8) -> Result<()> {
         2 => CaptureMode::ThreadLocal,
         3 => CaptureMode::Relaxed,
         _ => {
-            return Err(crate::error::Error::invalid_value(format!(
+            return Err(crate::base::error::Error::invalid_value(format!(
                 "capture_begin: unknown capture mode {mode}"
             )))
         }
@@ -1052,26 +1052,26 @@ fn graph_debug_dot(g: &Graph) -> Result<String> {
 }
 
 fn is_stream_capturing(device: i8, id: i64) -> Result<bool> {
-    Ok(crate::graph::is_capturing(stream::lookup(
+    Ok(crate::runtime::graph::is_capturing(stream::lookup(
         device.into(),
         id,
     )?))
 }
 
 fn is_current_stream_capturing(device: i8) -> Result<bool> {
-    Ok(crate::graph::is_capturing(stream::current(device.into())?))
+    Ok(crate::runtime::graph::is_capturing(stream::current(device.into())?))
 }
 
 fn profiler_start() {
-    crate::profiler::start()
+    crate::runtime::profiler::start()
 }
 
 fn profiler_stop() {
-    crate::profiler::stop()
+    crate::runtime::profiler::stop()
 }
 
 fn profiler_take() -> Vec<ProfiledActivity> {
-    crate::profiler::take()
+    crate::runtime::profiler::take()
         .into_iter()
         .map(|a| ProfiledActivity {
             name: a.name,
@@ -1085,30 +1085,30 @@ fn profiler_take() -> Vec<ProfiledActivity> {
 }
 
 fn profiler_active() -> bool {
-    crate::profiler::is_active()
+    crate::runtime::profiler::is_active()
 }
 
 fn profiler_now_ns() -> i64 {
-    crate::profiler::now_ns()
+    crate::runtime::profiler::now_ns()
 }
 
 fn profiler_push_correlation(id: u64) {
-    crate::profiler::push_correlation(id)
+    crate::runtime::profiler::push_correlation(id)
 }
 
 fn profiler_pop_correlation() {
-    crate::profiler::pop_correlation()
+    crate::runtime::profiler::pop_correlation()
 }
 
 fn profiler_record_inline(name: &str, device: i8, start_ns: i64, end_ns: i64) {
     let index = device::resolve(device.into());
     let stream = device::check_index(index).map_or(0, stream::current_stream_id);
-    crate::profiler::record(crate::profiler::Activity {
+    crate::runtime::profiler::record(crate::runtime::profiler::Activity {
         name: name.to_string(),
         device: index as i8,
         stream,
         start_ns,
         end_ns: end_ns.max(start_ns),
-        correlation: crate::profiler::current_correlation(),
+        correlation: crate::runtime::profiler::current_correlation(),
     });
 }

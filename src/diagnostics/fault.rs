@@ -21,8 +21,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Once;
 
-use crate::error::{Error, ErrorKind, Result};
-use crate::runtime_hooks;
+use crate::base::error::{Error, ErrorKind, Result};
+use crate::runtime::hooks;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
@@ -83,7 +83,7 @@ static BY_OPTION: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
 fn arm_from_option() {
     static ARMED: Once = Once::new();
     ARMED.call_once(|| {
-        if let Some((fault, after)) = crate::options::get().fault {
+        if let Some((fault, after)) = crate::base::options::get().fault {
             arm(fault, after, true);
         }
     });
@@ -117,14 +117,14 @@ pub fn strikes(fault: Fault) -> bool {
 /// hook.rs): a kernel, an event record and an allocation each ask whether
 /// they are the one to fail.
 pub(crate) fn install_hooks() {
-    runtime_hooks::AFTER_KERNEL.install(|stream| {
+    hooks::AFTER_KERNEL.install(|stream| {
         strikes(Fault::Kernel).then(|| error(Fault::Kernel, &format!("a kernel on {stream} failed")))
     });
-    runtime_hooks::BEFORE_EVENT_RECORD.install(|stream| match strikes(Fault::Event) {
+    hooks::BEFORE_EVENT_RECORD.install(|stream| match strikes(Fault::Event) {
         true => Err(error(Fault::Event, &format!("recording an event on {stream} failed"))),
         false => Ok(()),
     });
-    runtime_hooks::BEFORE_ALLOC.install(|device, size| match strikes(Fault::Alloc) {
+    hooks::BEFORE_ALLOC.install(|device, size| match strikes(Fault::Alloc) {
         true => Err(error(
             Fault::Alloc,
             &format!("allocating {size} bytes on openreg device {device} failed"),

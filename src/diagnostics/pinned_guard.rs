@@ -15,7 +15,7 @@
 //! sanitizer call (in "raise" mode, the next launch or sync fails with it).
 //! The runtime's own accesses (another copy of the same buffer) lift the
 //! guard first (`runtime_access`), and freeing the pinned memory drops it.
-//! Pinned allocations are whole pages of their own (src/pinned.rs), so a
+//! Pinned allocations are whole pages of their own (src/memory/pinned.rs), so a
 //! guard touches no other allocation; views of one pinned buffer share its
 //! pages, and a host access to another view on a guarded page is reported
 //! too (a limitation, said in docs/sanitizer-and-diagnostics.md).
@@ -41,8 +41,8 @@ use std::sync::Once;
 
 use parking_lot::Mutex;
 
-use crate::memory::PAGE;
-use crate::sanitizer::KernelBuffer;
+use crate::memory::device_memory::PAGE;
+use crate::diagnostics::sanitizer::KernelBuffer;
 
 const SLOTS: usize = 64;
 const MESSAGE_BYTES: usize = 1024;
@@ -202,7 +202,7 @@ pub(crate) fn arm(
         .find(|s| s.pages().is_empty() || s.pages() == (start..end))
         .or_else(|| free().next())
     else {
-        crate::log::once(crate::log::Level::Warn, "openreg sanitizer: more than 64 pinned buffers with pending copies; later ones are not guarded");
+        crate::base::log::once(crate::base::log::Level::Warn, "openreg sanitizer: more than 64 pinned buffers with pending copies; later ones are not guarded");
         return;
     };
     let text = message.as_bytes();
@@ -262,7 +262,7 @@ pub(crate) fn runtime_access(buffers: &[KernelBuffer]) {
 /// Installs `forget` where pinned memory is freed (Note [Hooks] in
 /// hook.rs).
 pub(crate) fn install_hooks() {
-    crate::pinned::BEFORE_UNMAP.install(forget);
+    crate::memory::pinned::BEFORE_UNMAP.install(forget);
 }
 
 /// Pinned memory at `base..base + len` is being freed: its guards are
@@ -304,7 +304,7 @@ pub(crate) fn release_covered(covered: impl Fn(usize, u64) -> bool) {
 
 /// Reports the host access a faulted slot caught; returns the report.
 fn report(slot: &Slot) -> String {
-    crate::sanitizer::add_report(crate::sanitizer::Kind::PinnedHostAccess, message(slot))
+    crate::diagnostics::sanitizer::add_report(crate::diagnostics::sanitizer::Kind::PinnedHostAccess, message(slot))
 }
 
 /// The report a slot was armed with.

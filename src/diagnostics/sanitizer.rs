@@ -51,9 +51,9 @@ use std::sync::{Arc, Once, OnceLock};
 
 use parking_lot::Mutex;
 
-use crate::error::{Error, ErrorKind, Result};
-use crate::runtime_hooks::{self, MemoryObserver, OrderObserver, OrderPoint};
-use crate::stream::{StreamQueue, TaskName};
+use crate::base::error::{Error, ErrorKind, Result};
+use crate::runtime::hooks::{self, MemoryObserver, OrderObserver, OrderPoint};
+use crate::runtime::stream::{StreamQueue, TaskName};
 
 /// What the sanitizer does with a report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,7 +100,7 @@ pub fn active() -> bool {
 }
 
 pub fn mode() -> Mode {
-    INITIAL_MODE.call_once(|| apply(crate::options::get().sanitizer));
+    INITIAL_MODE.call_once(|| apply(crate::base::options::get().sanitizer));
     Mode::from_code(MODE.load(Ordering::Relaxed))
 }
 
@@ -116,13 +116,13 @@ pub fn set_mode(mode: Mode) {
 fn apply(mode: Mode) {
     MODE.store(mode as u8, Ordering::Relaxed);
     if mode != Mode::Off {
-        crate::pinned_guard::install();
+        crate::diagnostics::pinned_guard::install();
         openreg_sanitizer_on.store(true, Ordering::Release);
         return;
     }
     openreg_sanitizer_on.store(false, Ordering::Release);
-    crate::pinned_guard::collect_faults();
-    crate::pinned_guard::release_covered(|_, _| true);
+    crate::diagnostics::pinned_guard::collect_faults();
+    crate::diagnostics::pinned_guard::release_covered(|_, _| true);
     let mut state = STATE.lock();
     if let Some(st) = state.as_mut() {
         *st = State {
@@ -140,8 +140,8 @@ fn apply(mode: Mode) {
 /// at exit.
 pub(crate) fn init_from_options() {
     mode();
-    crate::lifecycle::register_release(
-        crate::lifecycle::PRIORITY_REPORTS,
+    crate::runtime::lifecycle::register_release(
+        crate::runtime::lifecycle::PRIORITY_REPORTS,
         "sanitizer reports",
         print_reports_at_exit,
     );
@@ -192,7 +192,7 @@ pub struct KernelBuffer {
 type Agent = usize;
 
 fn agent_of(stream: &StreamQueue) -> Agent {
-    1 + stream.device() as usize * crate::stream::streams_per_device() + stream.id() as usize
+    1 + stream.device() as usize * crate::runtime::stream::streams_per_device() + stream.id() as usize
 }
 
 /// A vector clock: entry `a` counts the launches of agent `a` ordered
@@ -358,7 +358,7 @@ impl State {
             }
         }
         // Allocated before the sanitizer was on: learn it from the allocator.
-        let (base, size, stream) = crate::allocator::allocation_containing(address)?;
+        let (base, size, stream) = crate::runtime::allocator::allocation_containing(address)?;
         self.allocate(base, size, stream, None);
         Some(base)
     }
@@ -436,7 +436,7 @@ fn source_line() -> Option<String> {
 
 /// A new allocation of `size` bytes at `base` for `stream`.
 pub fn allocated(base: usize, size: usize, stream: &'static StreamQueue) {
-    if !active() || base == 0 || crate::graph::is_capturing(stream) {
+    if !active() || base == 0 || crate::runtime::graph::is_capturing(stream) {
         return;
     }
     let source = source_line();
@@ -532,7 +532,7 @@ pub fn host_waited_for(point: &Clock, by_query: bool) -> Result<()> {
         st.host_learns(point, by_query);
         st.host.clone()
     });
-    crate::pinned_guard::release_covered(|agent, seq| host.get(agent) >= seq);
+    crate::diagnostics::pinned_guard::release_covered(|agent, seq| host.get(agent) >= seq);
     take_deferred_error()
 }
 
@@ -554,7 +554,7 @@ pub fn guard_pinned_copy(
     device_writes: bool,
     tensor: &str,
 ) {
-    if !active() || crate::graph::is_capturing(stream) {
+    if !active() || crate::runtime::graph::is_capturing(stream) {
         return;
     }
     let agent = agent_of(stream);
@@ -575,7 +575,7 @@ pub fn guard_pinned_copy(
              event.synchronize() (or synchronize the stream) before refilling the buffer, or use another buffer"
         )
     };
-    crate::pinned_guard::arm(address, bytes, device_writes, agent, seq, &message);
+    crate::diagnostics::pinned_guard::arm(address, bytes, device_writes, agent, seq, &message);
 }
 
 /// What the host would learn by synchronizing with `streams` now: a
@@ -639,9 +639,9 @@ impl MemoryObserver for Observer {
 /// Installs the sanitizer at the runtime's hook points: its observer, and
 /// its start at the runtime's first initialization.
 pub(crate) fn install_hooks() {
-    runtime_hooks::ORDER_OBSERVER.install(&Observer);
-    runtime_hooks::MEMORY_OBSERVER.install(&Observer);
-    crate::lifecycle::AT_FIRST_INIT.install(init_from_options);
+    hooks::ORDER_OBSERVER.install(&Observer);
+    hooks::MEMORY_OBSERVER.install(&Observer);
+    crate::runtime::lifecycle::AT_FIRST_INIT.install(init_from_options);
 }
 
 /// Checks a launch on `stream` accessing `buffers` (Note [Stream
@@ -653,11 +653,11 @@ pub fn check_launch(
     buffers: &[KernelBuffer],
     describe: &dyn Fn(usize) -> String,
 ) -> Result<()> {
-    if !active() || crate::graph::is_capturing(stream) {
+    if !active() || crate::runtime::graph::is_capturing(stream) {
         return Ok(());
     }
     take_deferred_error()?;
-    crate::pinned_guard::runtime_access(buffers);
+    crate::diagnostics::pinned_guard::runtime_access(buffers);
     let mut state = STATE.lock();
     let st = state.get_or_insert_with(State::default);
     let agent = agent_of(stream);
@@ -900,7 +900,7 @@ pub(crate) fn add_report(kind: Kind, mut message: String) -> String {
 }
 
 pub fn reports() -> Vec<String> {
-    crate::pinned_guard::collect_faults();
+    crate::diagnostics::pinned_guard::collect_faults();
     STATE
         .lock()
         .as_ref()
@@ -908,13 +908,13 @@ pub fn reports() -> Vec<String> {
 }
 
 pub fn counts() -> [u64; 5] {
-    crate::pinned_guard::collect_faults();
+    crate::diagnostics::pinned_guard::collect_faults();
     STATE.lock().as_ref().map_or([0; 5], |st| st.counts)
 }
 
 /// Drops the reports and counts (the model's state stays).
 pub fn clear() {
-    crate::pinned_guard::collect_faults();
+    crate::diagnostics::pinned_guard::collect_faults();
     if let Some(st) = STATE.lock().as_mut() {
         st.reports.clear();
         st.counts = [0; 5];
@@ -924,7 +924,7 @@ pub fn clear() {
 /// In "raise" mode, the report of a host access the pinned memory guard
 /// caught since the last call (it cannot raise where it happened).
 fn take_deferred_error() -> Result<()> {
-    match crate::pinned_guard::collect_faults() {
+    match crate::diagnostics::pinned_guard::collect_faults() {
         Some(message) if mode() == Mode::Raise => Err(Error::new(ErrorKind::InvalidValue, message)),
         _ => Ok(()),
     }

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use once_cell::sync::Lazy;
 
-use crate::error::{Error, Result};
-use crate::options;
+use crate::base::error::{Error, Result};
+use crate::base::options;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SyncDebugMode {
@@ -69,7 +69,7 @@ pub fn check(what: &str) -> Result<()> {
     match mode() {
         SyncDebugMode::Default => Ok(()),
         SyncDebugMode::Warn => {
-            crate::log::warn(&format!("sync debug: {what} is a host-blocking operation (it waits for the device)"));
+            crate::base::log::warn(&format!("sync debug: {what} is a host-blocking operation (it waits for the device)"));
             Ok(())
         }
         SyncDebugMode::Error => Err(Error::invalid_value(format!(
@@ -83,5 +83,5 @@ pub fn check(what: &str) -> Result<()> {
 /// event's synchronize: Note [Hooks] in hook.rs); the bridge's own
 /// host-blocking calls call `check` directly.
 pub(crate) fn install_hooks() {
-    crate::runtime_hooks::BEFORE_HOST_WAIT.install(check);
+    crate::runtime::hooks::BEFORE_HOST_WAIT.install(check);
 }

@@ -26,8 +26,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use parking_lot::Mutex;
 
-use crate::error::{Error, Result};
-use crate::options;
+use crate::base::error::{Error, Result};
+use crate::base::options;
 
 /// Mapping granularity; also the alignment of every device pointer.
 pub const PAGE: usize = 4096;

@@ -24,7 +24,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
-use crate::error::{Error, Result};
+use crate::base::error::{Error, Result};
 
 /// The stack of one event or block (Note [Memory history]); `None` when not
 /// recorded.

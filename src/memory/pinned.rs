@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 
 use parking_lot::Mutex;
 
-use crate::error::Result;
-use crate::hook::Hook;
-use crate::memory::{self, PAGE};
-use crate::stat::Stat;
+use crate::base::error::Result;
+use crate::base::hook::Hook;
+use crate::memory::device_memory::{self, PAGE};
+use crate::memory::stat::Stat;
 
 /// The pinned allocator's statistics, as CUDA's host allocator names them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -59,7 +59,7 @@ pub fn malloc(size: usize) -> Result<usize> {
         return Ok(0);
     }
     let len = size.div_ceil(PAGE) * PAGE;
-    let base = memory::map_host(len)?;
+    let base = device_memory::map_host(len)?;
     let mut registry = PINNED.lock();
     registry.live.insert(base, len);
     registry.stats.allocations.increase(1);
@@ -83,7 +83,7 @@ pub fn free(ptr: usize) {
         if let Some(hook) = BEFORE_UNMAP.get() {
             hook(ptr, len);
         }
-        memory::unmap_host(ptr, len);
+        device_memory::unmap_host(ptr, len);
     }
 }
 

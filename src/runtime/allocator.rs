@@ -2,7 +2,7 @@
 //! splitting, per-stream reuse, deferred reuse after `record_stream`, and
 //! CUDA-shaped statistics.
 //!
-//! Note [Caching allocator]: device memory is mapped in segments (`memory.rs`)
+//! Note [Caching allocator]: device memory is mapped in segments (`device_memory.rs`)
 //! and carved into blocks. Requests up to 1 MiB come from the small pool
 //! (2 MiB segments), larger ones from the large pool (20 MiB segments, or the
 //! request rounded up to 2 MiB when it is 10 MiB or more). A freed block goes
@@ -25,7 +25,7 @@
 //! `empty_cache` and the out-of-memory retry wait for it with the lock
 //! released, and `release_cached_segments` skips a segment short of it.
 //!
-//! Note [Graph pools]: a graph's private pool (src/graph.rs) is one more
+//! Note [Graph pools]: a graph's private pool (src/runtime/graph.rs) is one more
 //! owner of free blocks beside the streams. While a stream captures, its
 //! allocations come from the capture's pool: segments mapped for that pool
 //! and blocks freed into it, never from a stream's free list, and a block
@@ -62,15 +62,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::device::DeviceIndex;
-use crate::error::{Error, ErrorKind, Result};
-use crate::memory;
-use crate::memory_history::{
+use crate::runtime::device::DeviceIndex;
+use crate::base::error::{Error, ErrorKind, Result};
+use crate::memory::device_memory;
+use crate::memory::history::{
     self, Action, BlockSnapshot, DeviceSnapshot, Frames, SegmentSnapshot, Trace, TraceEntry,
 };
-use crate::options;
-use crate::runtime_hooks;
-use crate::stream::StreamQueue;
+use crate::base::options;
+use crate::runtime::hooks;
+use crate::runtime::stream::StreamQueue;
 
 pub const MIN_BLOCK: usize = 512;
 pub const SMALL_REQUEST: usize = 1 << 20;
@@ -85,7 +85,7 @@ pub enum Pool {
     Large = 1,
 }
 
-pub use crate::stat::Stat;
+pub use crate::memory::stat::Stat;
 
 /// A statistic for all pools (index 0), the small pool (1) and the large (2).
 #[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
@@ -299,7 +299,7 @@ struct State {
     /// Recent events, while memory history records (Note [Memory history]).
     trace: Trace,
     /// Live graph pools (Note [Graph pools]); `pools_made` numbers them.
-    graph_pools: HashMap<crate::graph::MempoolId, GraphPool>,
+    graph_pools: HashMap<crate::runtime::graph::MempoolId, GraphPool>,
     pools_made: usize,
     /// The current memory generation: the number of device restarts
     /// (Note [Device memory generations]).
@@ -495,7 +495,7 @@ impl State {
 
     /// The current end of every stream of this device with unfinished work.
     fn unfinished_streams(&self) -> Vec<(&'static StreamQueue, u64)> {
-        crate::device::existing_contexts()
+        crate::runtime::device::existing_contexts()
             .find(|ctx| ctx.index == self.device)
             .map_or_else(Vec::new, |ctx| ctx.streams.unfinished_points())
     }
@@ -525,8 +525,8 @@ impl State {
             let seg = self.segments.remove(&base).expect("segment exists");
             self.remove_free(seg.first);
             self.retire_block(seg.first);
-            memory::unmap(base, seg.size);
-            if let Some(observer) = runtime_hooks::MEMORY_OBSERVER.get() {
+            device_memory::unmap(base, seg.size);
+            if let Some(observer) = hooks::MEMORY_OBSERVER.get() {
                 observer.unmapped(base, seg.size);
             }
             self.note(TraceEntry::new(
@@ -544,7 +544,7 @@ impl State {
 
     /// Records `entry` if memory history records events.
     fn note(&mut self, entry: TraceEntry) {
-        if let Some(settings) = memory_history::current() {
+        if let Some(settings) = history::current() {
             self.trace.record(&settings, entry);
         }
     }
@@ -569,7 +569,7 @@ impl State {
         owner: usize,
         frames: &Frames,
     ) -> Result<BlockId> {
-        let base = memory::map(size)?;
+        let base = device_memory::map(size)?;
         self.note(TraceEntry::new(
             Action::SegmentAlloc,
             base,
@@ -641,7 +641,7 @@ impl DeviceAllocator {
         stream: &'static StreamQueue,
     ) -> std::result::Result<usize, AllocError> {
         let ptr = self.malloc_block(size, stream)?;
-        if let Some(observer) = runtime_hooks::MEMORY_OBSERVER.get() {
+        if let Some(observer) = hooks::MEMORY_OBSERVER.get() {
             observer.allocated(ptr, size, stream);
         }
         Ok(ptr)
@@ -655,13 +655,13 @@ impl DeviceAllocator {
         if size == 0 {
             return Ok(0);
         }
-        if let Err(error) = crate::device_stop::check_running(self.device) {
+        if let Err(error) = crate::runtime::device_stop::check_running(self.device) {
             return Err(AllocError {
                 error,
                 out_of_memory: false,
             });
         }
-        if let Some(hook) = runtime_hooks::BEFORE_ALLOC.get() {
+        if let Some(hook) = hooks::BEFORE_ALLOC.get() {
             if let Err(error) = hook(self.device, size) {
                 let out_of_memory = error.kind == ErrorKind::OutOfMemory;
                 return Err(AllocError {
@@ -671,9 +671,9 @@ impl DeviceAllocator {
             }
         }
         // Captured before locking: the collector may take the host's locks.
-        let frames = memory_history::current()
+        let frames = history::current()
             .filter(|s| s.alloc_stacks)
-            .and_then(|_| memory_history::capture());
+            .and_then(|_| history::capture());
         let mut st = self.state.lock();
         if size > self.capacity {
             // Cannot fit however much is freed (and would overflow rounding).
@@ -834,9 +834,9 @@ impl DeviceAllocator {
         if ptr == 0 {
             return Some(Ok(()));
         }
-        let frames = memory_history::current()
+        let frames = history::current()
             .filter(|s| s.free_stacks)
-            .and_then(|_| memory_history::capture());
+            .and_then(|_| history::capture());
         let mut st = self.state.lock();
         let id = st.allocated.remove(&ptr)?;
         let generation = st.generation;
@@ -867,7 +867,7 @@ impl DeviceAllocator {
             stream,
             frames.clone(),
         ));
-        let observer = runtime_hooks::MEMORY_OBSERVER.get();
+        let observer = hooks::MEMORY_OBSERVER.get();
         let recorded = match observer {
             Some(observer) if observer.active() => st.block(id).uses.clone(),
             _ => Vec::new(),
@@ -952,7 +952,7 @@ impl DeviceAllocator {
 
     /// One more graph uses the pool `id` (created on first use); returns
     /// its owner key (Note [Graph pools]).
-    pub fn retain_pool(&self, id: crate::graph::MempoolId) -> usize {
+    pub fn retain_pool(&self, id: crate::runtime::graph::MempoolId) -> usize {
         let mut st = self.state.lock();
         if let Some(pool) = st.graph_pools.get_mut(&id) {
             pool.users += 1;
@@ -969,7 +969,7 @@ impl DeviceAllocator {
     /// (else by the next `empty_cache`), and its blocks still allocated are
     /// cached like any other once freed. Never waits: it may run on a
     /// stream's worker (dropping a graph's last launch).
-    pub fn release_pool(&self, id: crate::graph::MempoolId) {
+    pub fn release_pool(&self, id: crate::runtime::graph::MempoolId) {
         let mut st = self.state.lock();
         let Some(pool) = st.graph_pools.get_mut(&id) else {
             return;
@@ -1185,7 +1185,7 @@ pub fn check_current(ptr: usize) -> Result<()> {
     if STALE_ALLOCATIONS.load(Ordering::Acquire) == 0 || ptr == 0 {
         return Ok(());
     }
-    match crate::device::existing_contexts().find_map(|ctx| ctx.allocator.stale_error(ptr)) {
+    match crate::runtime::device::existing_contexts().find_map(|ctx| ctx.allocator.stale_error(ptr)) {
         Some(error) => Err(error),
         None => Ok(()),
     }
@@ -1193,7 +1193,7 @@ pub fn check_current(ptr: usize) -> Result<()> {
 
 /// The device whose memory holds `ptr`, among devices with a context.
 pub fn device_of(ptr: usize) -> Option<DeviceIndex> {
-    crate::device::existing_contexts()
+    crate::runtime::device::existing_contexts()
         .find(|ctx| ctx.allocator.owns(ptr))
         .map(|ctx| ctx.index)
 }
@@ -1201,7 +1201,7 @@ pub fn device_of(ptr: usize) -> Option<DeviceIndex> {
 /// The live device allocation that holds `ptr`, on any device: its start,
 /// requested size and allocation stream.
 pub fn allocation_containing(ptr: usize) -> Option<(usize, usize, &'static StreamQueue)> {
-    crate::device::existing_contexts().find_map(|ctx| ctx.allocator.allocation_containing(ptr))
+    crate::runtime::device::existing_contexts().find_map(|ctx| ctx.allocator.allocation_containing(ptr))
 }
 
 /// Frees `ptr` on whichever device owns it (a `DataPtr` deleter knows only
@@ -1211,7 +1211,7 @@ pub fn free_anywhere(ptr: usize) -> Result<()> {
         return Ok(());
     }
     // One lookup per device tried (a DataPtr deleter knows only the pointer).
-    crate::device::existing_contexts()
+    crate::runtime::device::existing_contexts()
         .find_map(|ctx| ctx.allocator.try_free(ptr))
         .unwrap_or_else(|| {
             Err(Error::invalid_value(format!(

@@ -17,10 +17,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
-use crate::allocator::DeviceAllocator;
-use crate::error::{Error, ErrorKind, Result};
-use crate::options::{self, MAX_DEVICES};
-use crate::stream::DeviceStreams;
+use crate::runtime::allocator::DeviceAllocator;
+use crate::base::error::{Error, ErrorKind, Result};
+use crate::base::options::{self, MAX_DEVICES};
+use crate::runtime::stream::DeviceStreams;
 
 pub type DeviceIndex = i8;
 
@@ -183,7 +183,7 @@ pub fn exchange_device(index: i64) -> Result<DeviceIndex> {
 pub fn unchecked_set_device(index: i64) {
     match check_index(index) {
         Ok(index) => set_slot(index),
-        Err(e) => crate::error::warn_once(&format!("uncheckedSetDevice ignored: {e}")),
+        Err(e) => crate::base::error::warn_once(&format!("uncheckedSetDevice ignored: {e}")),
     }
 }
 
@@ -198,9 +198,9 @@ pub fn init() -> Result<()> {
     options::get().check()?;
     if !INITIALIZED.swap(true, Ordering::AcqRel) {
         for message in options::unknown_variables_in_environment() {
-            crate::error::warn_once(&message); // Note [Unknown options]
+            crate::base::error::warn_once(&message); // Note [Unknown options]
         }
-        crate::lifecycle::on_first_init();
+        crate::runtime::lifecycle::on_first_init();
     }
     Ok(())
 }
@@ -311,10 +311,10 @@ pub fn can_access_peer(device: i64, peer: i64) -> Result<bool> {
 /// host is then ordered after all of their work, Note [Stream sanitizer]).
 pub fn synchronize_device(index: i64) -> Result<()> {
     let streams = &context(index)?.streams;
-    let point = crate::runtime_hooks::order_point(&streams.all());
+    let point = crate::runtime::hooks::order_point(&streams.all());
     streams.synchronize_all()?;
     match point {
-        Some(point) => crate::runtime_hooks::host_waited_for(&point, false),
+        Some(point) => crate::runtime::hooks::host_waited_for(&point, false),
         None => Ok(()),
     }
 }

@@ -27,9 +27,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::device::{self, DeviceIndex};
-use crate::error::{Error, ErrorKind, Result};
-use crate::options::MAX_DEVICES;
+use crate::runtime::device::{self, DeviceIndex};
+use crate::base::error::{Error, ErrorKind, Result};
+use crate::base::options::MAX_DEVICES;
 
 static STOPPED: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 
@@ -83,8 +83,8 @@ pub fn stop(index: i64) -> Result<usize> {
     // Dropped here, outside the streams' locks: a kernel's captures may
     // release a host object that takes the host's own lock (kernel.h).
     drop(tasks);
-    crate::log::log(
-        crate::log::Level::Info,
+    crate::base::log::log(
+        crate::base::log::Level::Info,
         &format!("stop_device: device {index} stopped; {abandoned} queued kernels abandoned"),
     );
     Ok(abandoned)
@@ -105,8 +105,8 @@ pub fn restart(index: i64) -> Result<()> {
         device::context(index.into())?.allocator.begin_generation();
     }
     STOPPED[index as usize].store(false, Ordering::Release);
-    crate::log::log(
-        crate::log::Level::Info,
+    crate::base::log::log(
+        crate::base::log::Level::Info,
         &format!("restart_device: device {index} restarted"),
     );
     Ok(())

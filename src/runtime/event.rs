@@ -24,11 +24,11 @@ use std::time::Instant;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
-use crate::device::{self, DeviceIndex};
-use crate::error::{Error, ErrorKind, Result};
-use crate::graph::Capture;
-use crate::runtime_hooks::{self, OrderPoint};
-use crate::stream::{StreamQueue, Task};
+use crate::runtime::device::{self, DeviceIndex};
+use crate::base::error::{Error, ErrorKind, Result};
+use crate::runtime::graph::Capture;
+use crate::runtime::hooks::{self, OrderPoint};
+use crate::runtime::stream::{StreamQueue, Task};
 
 /// Reference point for timestamps, so elapsed times are plain subtractions.
 static EPOCH: Lazy<Instant> = Lazy::new(Instant::now);
@@ -40,7 +40,7 @@ struct Recorded {
     /// Recorded inside a capture: the capture and the event's node.
     captured: Option<(Arc<Capture>, usize)>,
     /// Where the recording stream's work stood in the happens-before order
-    /// (`runtime_hooks::ORDER_OBSERVER`), while an observer is on.
+    /// (`hooks::ORDER_OBSERVER`), while an observer is on.
     clock: Option<OrderPoint>,
 }
 
@@ -103,8 +103,8 @@ impl Event {
                 self.device
             )));
         }
-        crate::device_stop::check_running(self.device)?;
-        if let Some(hook) = runtime_hooks::BEFORE_EVENT_RECORD.get() {
+        crate::runtime::device_stop::check_running(self.device)?;
+        if let Some(hook) = hooks::BEFORE_EVENT_RECORD.get() {
             hook(stream)?;
         }
         let mut st = self.state.lock();
@@ -128,7 +128,7 @@ impl Event {
             stream,
             seq,
             captured: None,
-            clock: runtime_hooks::order_point(&[stream]),
+            clock: hooks::order_point(&[stream]),
         });
         if let Some(at) = reached_at {
             st.stamped = Some((version, at));
@@ -149,7 +149,7 @@ impl Event {
             Some(Target::Point(source, seq, clock)) => {
                 // The edge is the wait itself, whether or not the point has
                 // been reached (Note [Stream sanitizer]).
-                if let Some((clock, observer)) = clock.zip(runtime_hooks::ORDER_OBSERVER.get()) {
+                if let Some((clock, observer)) = clock.zip(hooks::ORDER_OBSERVER.get()) {
                     observer.stream_waits(stream, &clock);
                 }
                 if !std::ptr::eq(source, stream) && !source.has_completed(seq) {
@@ -203,7 +203,7 @@ impl Event {
             Some(Target::Point(stream, seq, clock)) => {
                 let done = stream.has_completed(seq);
                 if let Some(clock) = clock.filter(|_| done) {
-                    runtime_hooks::host_waited_for(&clock, true)?; // up to the record only
+                    hooks::host_waited_for(&clock, true)?; // up to the record only
                 }
                 done
             }
@@ -219,11 +219,11 @@ impl Event {
         Self::check_target_not_captured(&target, what)?;
         match target {
             Some(Target::Point(stream, seq, clock)) => {
-                crate::graph::check_host_sync(what, Some(stream))?;
+                crate::runtime::graph::check_host_sync(what, Some(stream))?;
                 before_host_wait(what)?;
                 stream.wait_for(seq, true)?;
                 match clock {
-                    Some(clock) => runtime_hooks::host_waited_for(&clock, false),
+                    Some(clock) => hooks::host_waited_for(&clock, false),
                     None => Ok(()),
                 }
             }
@@ -435,7 +435,7 @@ pub mod handle {
 /// The `BEFORE_HOST_WAIT` hook's answer for `what` (Note [Sync debug] in
 /// sync_debug.rs); Ok without one.
 fn before_host_wait(what: &str) -> Result<()> {
-    match runtime_hooks::BEFORE_HOST_WAIT.get() {
+    match hooks::BEFORE_HOST_WAIT.get() {
         Some(hook) => hook(what),
         None => Ok(()),
     }

@@ -25,9 +25,9 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::device::{self, DeviceIndex};
-use crate::error::{Error, Result};
-use crate::options::MAX_DEVICES;
+use crate::runtime::device::{self, DeviceIndex};
+use crate::base::error::{Error, Result};
+use crate::base::options::MAX_DEVICES;
 
 /// PyTorch's default seed (`c10::default_rng_seed_val`): every default
 /// generator starts with it, as CUDA's do.
@@ -415,7 +415,7 @@ const CHUNK: usize = 128 * BATCH;
 pub fn fill<T: FillTarget>(out: &mut [T], dist: Distribution, slice: PhiloxSlice) {
     let len = out.len();
     let base = SharedMut(out.as_mut_ptr());
-    crate::kernel_pool::for_each_chunk(len.div_ceil(CHUNK), &|chunk| {
+    crate::runtime::kernel_pool::for_each_chunk(len.div_ceil(CHUNK), &|chunk| {
         let start = chunk * CHUNK;
         let end = (start + CHUNK).min(len);
         // SAFETY: chunks are disjoint ranges of `out`, borrowed mutably for the call.

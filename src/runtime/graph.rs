@@ -61,10 +61,10 @@ use std::thread::ThreadId;
 
 use parking_lot::Mutex;
 
-use crate::device::{self, DeviceIndex};
-use crate::error::{Error, ErrorKind, Result};
-use crate::generator::{self, Generator, PhiloxSlice};
-use crate::stream::{StreamQueue, Task, TaskName};
+use crate::runtime::device::{self, DeviceIndex};
+use crate::base::error::{Error, ErrorKind, Result};
+use crate::runtime::generator::{self, Generator, PhiloxSlice};
+use crate::runtime::stream::{StreamQueue, Task, TaskName};
 
 /// A memory pool id, as `c10::MempoolId_t`: `(capture id, 0)` for a pool a
 /// graph made for itself, `(0, handle id)` for one from `graph_pool_handle`.
@@ -400,7 +400,7 @@ pub fn reserve_random_in_capture(
     if ACTIVE_COUNT.load(Ordering::Acquire) == 0 {
         return Ok(None);
     }
-    let stream = crate::stream::current(-1)?;
+    let stream = crate::runtime::stream::current(-1)?;
     Ok(stream
         .capture()
         .map(|capture| capture.reserve_random(generator, draws)))
@@ -603,7 +603,7 @@ impl Executable {
             }
         }
         let graph = Arc::clone(self);
-        let replay = crate::profiler::timed(
+        let replay = crate::runtime::profiler::timed(
             format!("graph replay ({} nodes)", self.node_count),
             stream,
             Box::new(move || graph.run(&draws)),
@@ -695,7 +695,7 @@ impl Graph {
                 ))
             }
         }
-        let stream = crate::stream::current(-1)?;
+        let stream = crate::runtime::stream::current(-1)?;
         let capture = begin_capture(stream, mode, pool, st.debug)?;
         st.pool = capture.pool;
         st.phase = Phase::Capturing { stream };
@@ -710,12 +710,12 @@ impl Graph {
                 "capture_end() called without a capture_begin() on this graph".to_string(),
             ));
         };
-        let current = crate::stream::current(stream.device().into())?;
+        let current = crate::runtime::stream::current(stream.device().into())?;
         let current_device = device::current_device();
         if !std::ptr::eq(current, stream) || current_device != stream.device() {
             return Err(capture_error(format!(
                 "capture_end: the capture began on {stream}, but the current stream is {} (end it on the stream it began on)",
-                crate::stream::current(-1)?
+                crate::runtime::stream::current(-1)?
             )));
         }
         let ended = end_capture(stream);
@@ -771,7 +771,7 @@ impl Graph {
                 }
             }
         };
-        executable.launch(crate::stream::current(executable.device.into())?)
+        executable.launch(crate::runtime::stream::current(executable.device.into())?)
     }
 
     /// Releases the captured graph and its pool; the graph may capture again.

@@ -9,10 +9,10 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use crate::device::DeviceIndex;
-use crate::error::{Error, Result};
-use crate::hook::Hook;
-use crate::stream::StreamQueue;
+use crate::runtime::device::DeviceIndex;
+use crate::base::error::{Error, Result};
+use crate::base::hook::Hook;
+use crate::runtime::stream::StreamQueue;
 
 /// After a kernel ran on `stream` (queued or inline), before it counts as
 /// completed, under the stream's lock: an error returned is parked as the

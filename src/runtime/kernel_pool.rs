@@ -220,7 +220,7 @@ thread_local! {
 fn pool() -> &'static Pool {
     static POOL: OnceLock<Pool> = OnceLock::new();
     POOL.get_or_init(|| {
-        let configured = crate::options::get().kernel_threads;
+        let configured = crate::base::options::get().kernel_threads;
         let threads = if configured > 0 {
             configured
         } else {
@@ -261,7 +261,7 @@ fn start_helpers(pool: &'static Pool) -> usize {
             match spawned {
                 Ok(_) => started += 1,
                 Err(e) => {
-                    crate::error::warn_once(&format!("split kernels run on fewer threads: {e}"));
+                    crate::base::error::warn_once(&format!("split kernels run on fewer threads: {e}"));
                     break;
                 }
             }

@@ -50,10 +50,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::device;
-use crate::hook::Hook;
-use crate::log;
-use crate::options;
+use crate::runtime::device;
+use crate::base::hook::Hook;
+use crate::base::log;
+use crate::base::options;
 
 // Release priorities: lower numbers are released first.
 /// Drain and stop every stream worker before anything they use is released.

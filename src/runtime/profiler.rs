@@ -19,8 +19,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
-use crate::error::Result;
-use crate::stream::StreamQueue;
+use crate::base::error::Result;
+use crate::runtime::stream::StreamQueue;
 
 /// One piece of device work, as the trace shows it.
 #[derive(Clone, Debug)]

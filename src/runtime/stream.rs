@@ -25,7 +25,7 @@
 //! while an inline one runs). The result is the same order as queuing, less
 //! two thread hand-offs.
 //!
-//! Note [Capturing streams]: while a stream captures a graph (src/graph.rs)
+//! Note [Capturing streams]: while a stream captures a graph (src/runtime/graph.rs)
 //! `submit` hands each task to the capture instead of queuing it, and the
 //! stream never runs work inline; its counters do not move, so everything
 //! submitted before the capture still completes in order.
@@ -86,12 +86,12 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use std::cell::Cell;
 
-use crate::device::DeviceIndex;
-use crate::error::{Error, ErrorKind, Result};
-use crate::event::Event;
-use crate::graph::Capture;
-use crate::options::{self, MAX_DEVICES};
-use crate::runtime_hooks;
+use crate::runtime::device::DeviceIndex;
+use crate::base::error::{Error, ErrorKind, Result};
+use crate::runtime::event::Event;
+use crate::runtime::graph::Capture;
+use crate::base::options::{self, MAX_DEVICES};
+use crate::runtime::hooks;
 
 thread_local! {
     /// The stream whose work this thread runs, as an address (0: none).
@@ -362,7 +362,7 @@ impl StreamQueue {
                 )));
             }
             // Under the lock: Note [Stopped devices] in device_stop.rs.
-            crate::device_stop::check_running(self.device)?;
+            crate::runtime::device_stop::check_running(self.device)?;
             if let Some(capture) = st.capture.clone() {
                 drop(st);
                 capture.record(self, task, describe)?;
@@ -376,7 +376,7 @@ impl StreamQueue {
                 self.spawn_worker(&mut st)?;
             }
             if st.completed == self.marker() {
-                crate::utilization::stream_became_busy(self.device); // Note [Busy clock]
+                crate::runtime::utilization::stream_became_busy(self.device); // Note [Busy clock]
             }
             // The worker cannot take the task before the lock is released.
             self.count_submission(&st)
@@ -440,12 +440,12 @@ impl StreamQueue {
                     }
                     self.count_completed(&mut st, 1);
                     if st.completed == self.marker() {
-                        crate::utilization::stream_became_idle(self.device);
+                        crate::runtime::utilization::stream_became_idle(self.device);
                     }
                     continue;
                 }
             }
-            crate::kernel_pool::worker_going_idle();
+            crate::runtime::kernel_pool::worker_going_idle();
             if st.shutting_down
                 || self.work_available.wait_for(&mut st, idle).timed_out() && st.tasks.is_empty()
             {
@@ -486,11 +486,11 @@ impl StreamQueue {
         if st.completed != self.marker()
             || st.shutting_down
             || st.capture.is_some()
-            || crate::device_stop::is_stopped(self.device)
+            || crate::runtime::device_stop::is_stopped(self.device)
         {
             return false; // a stopped device's error comes from `submit`
         }
-        crate::utilization::stream_became_busy(self.device);
+        crate::runtime::utilization::stream_became_busy(self.device);
         self.count_submission(&st);
         st.inline_running = true;
         RUNNING_STREAM.with(|running| running.set(self as *const Self as usize));
@@ -504,7 +504,7 @@ impl StreamQueue {
     /// Parks the failure the `AFTER_KERNEL` hook reports for the kernel that
     /// just ran (an injected fault: Note [Injected faults] in fault.rs).
     fn after_kernel(&self, st: &mut QueueState) {
-        if let Some(failure) = runtime_hooks::AFTER_KERNEL.get().and_then(|hook| hook(self)) {
+        if let Some(failure) = hooks::AFTER_KERNEL.get().and_then(|hook| hook(self)) {
             self.park_failure(st, || failure);
         }
     }
@@ -517,7 +517,7 @@ impl StreamQueue {
         st.running = None;
         self.count_completed(&mut st, 1);
         if st.completed == self.marker() {
-            crate::utilization::stream_became_idle(self.device);
+            crate::runtime::utilization::stream_became_idle(self.device);
         }
         st.inline_running = false;
         // Work queued behind the inline task waits for this; an idle worker
@@ -543,10 +543,10 @@ impl StreamQueue {
     /// stream's work so far (Note [Stream sanitizer]), which the runtime's
     /// own waits never order it after.
     pub fn host_synchronize(&'static self) -> Result<()> {
-        let point = runtime_hooks::order_point(&[self]);
+        let point = hooks::order_point(&[self]);
         self.synchronize()?;
         match point {
-            Some(point) => runtime_hooks::host_waited_for(&point, false),
+            Some(point) => hooks::host_waited_for(&point, false),
             None => Ok(()),
         }
     }
@@ -554,10 +554,10 @@ impl StreamQueue {
     /// The user's `query()`: true also orders the host after the stream's
     /// work up to the query (Note [Stream sanitizer]).
     pub fn host_query(&'static self) -> Result<bool> {
-        let point = runtime_hooks::order_point(&[self]);
+        let point = hooks::order_point(&[self]);
         let done = self.query();
         if let Some(point) = point.filter(|_| done) {
-            runtime_hooks::host_waited_for(&point, true)?;
+            hooks::host_waited_for(&point, true)?;
         }
         Ok(done)
     }
@@ -575,7 +575,7 @@ impl StreamQueue {
             return Err(self.waits_for_itself());
         }
         while st.completed < seq {
-            match crate::op_timeout::limit().filter(|_| take_error) {
+            match crate::runtime::op_timeout::limit().filter(|_| take_error) {
                 None => {
                     self.await_progress(&mut st, seq, None);
                 }
@@ -805,7 +805,7 @@ impl StreamQueue {
             ))
         });
         if st.completed == self.marker() {
-            crate::utilization::stream_became_idle(self.device);
+            crate::runtime::utilization::stream_became_idle(self.device);
         }
         abandoned
     }
@@ -839,7 +839,7 @@ impl std::fmt::Display for StreamQueue {
 fn run(task: &mut Task) -> Result<()> {
     match task {
         Task::Run(f) => {
-            let _window = crate::memory::AccessWindow::open();
+            let _window = crate::memory::device_memory::AccessWindow::open();
             f()
         }
         // A parked error of the other stream is that stream's to report.
@@ -997,7 +997,7 @@ pub fn exchange_current_stream(device: DeviceIndex, id: StreamId) -> Result<Stre
 /// A device of -1 means this thread's current device.
 #[inline]
 pub fn lookup(device: i64, id: StreamId) -> Result<&'static StreamQueue> {
-    crate::device::context(crate::device::resolve(device))?
+    crate::runtime::device::context(crate::runtime::device::resolve(device))?
         .streams
         .get(id)
 }
@@ -1006,6 +1006,6 @@ pub fn lookup(device: i64, id: StreamId) -> Result<&'static StreamQueue> {
 /// creating the device's context on first use.
 #[inline]
 pub fn current(device: i64) -> Result<&'static StreamQueue> {
-    let index = crate::device::check_index(crate::device::resolve(device))?;
+    let index = crate::runtime::device::check_index(crate::runtime::device::resolve(device))?;
     lookup(index.into(), current_stream_id(index))
 }

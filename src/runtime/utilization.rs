@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
-use crate::device::DeviceIndex;
-use crate::options::MAX_DEVICES;
+use crate::runtime::device::DeviceIndex;
+use crate::base::options::MAX_DEVICES;
 
 /// The window `utilization` reports on, as NVML's sample period (up to 1 s).
 pub const WINDOW: Duration = Duration::from_secs(1);

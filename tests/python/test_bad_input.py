@@ -349,7 +349,7 @@ def test_invalid_device_count_warning_is_a_python_warning():
 
 
 # Every other option with a value it cannot take (Note [Invalid options] in
-# src/options.rs): the package imports (here through torch's autoload, as a
+# src/base/options.rs): the package imports (here through torch's autoload, as a
 # plain `import torch` does), options() shows the values as set, and each
 # device use raises one error naming every variable, its value and what it
 # accepts; nothing initializes.
@@ -431,7 +431,7 @@ UNKNOWN_OPTIONS = script(
 
 @pytest.mark.subprocess
 def test_unknown_options_warn_once_at_initialization_naming_the_close_ones():
-    """Note [Unknown options] in src/options.rs: a typo or a renamed option
+    """Note [Unknown options] in src/base/options.rs: a typo or a renamed option
     gets one warning at the runtime's first initialization, naming what is
     close; a variable the build reads is no typo; nothing fails."""
     data = UNKNOWN_OPTIONS.result().check_ok()

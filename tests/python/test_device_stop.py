@@ -1,5 +1,5 @@
 """torch.openreg.stop_device / restart_device (Note [Stopped devices] in
-src/device_stop.rs, Note [Device memory generations] in src/allocator.rs).
+src/runtime/device_stop.rs, Note [Device memory generations] in src/runtime/allocator.rs).
 
 Each scenario runs in a fresh process: a restart makes every tensor of the
 device from before it unusable, which would break the tests that share this

@@ -6,7 +6,7 @@ tensor it scales) used to end with ``terminate called without an active
 exception`` in about half of its runs: the stream's worker dropped the
 kernel's captured tensor, whose Python object needs the GIL to be released,
 while the interpreter was finalizing, and CPython ends a thread that takes the
-GIL then (Note [Host exit] in src/lifecycle.rs). The example's own code is
+GIL then (Note [Host exit] in src/runtime/lifecycle.rs). The example's own code is
 taken from that page, built once, then run in many fresh processes (the
 failure depends on timing), a few at a time.
 """

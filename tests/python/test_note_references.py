@@ -34,8 +34,8 @@ The rules, each failure listed with its file:line:
 3. Every repo path in the text exists: ``src/...``, ``cpp/...``,
    ``python/...``, ``tests/...``, ``include/...``, ``docs/...`` (also after
    ``${..._SOURCE_DIR}/``), and an include or package path: ``torch_openreg/cpp/x.h``
-   is ``cpp/x.h``, ``torch_openreg/src/ffi.rs.h`` is cxx's header of
-   ``src/ffi.rs``, ``torch_openreg/x.py`` is ``python/torch_openreg/x.py``,
+   is ``cpp/x.h``, ``torch_openreg/src/bridge/ffi.rs.h`` is cxx's header of
+   ``src/bridge/ffi.rs``, ``torch_openreg/x.py`` is ``python/torch_openreg/x.py``,
    ``torch_openreg/kernel.h`` is ``include/torch_openreg/kernel.h``.
    Not repo paths, so not checked: a path right after another ``/`` or ``$``
    (``${dir}/include/c10``, URLs, ``aten/src/...``), globs (``src/*.rs``,

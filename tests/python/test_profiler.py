@@ -1,6 +1,6 @@
 """torch.profiler on openreg: the Kineto activity profiler registered for
 PrivateUse1 (cpp/frontends/profiler.cpp) records each kernel where it runs (Note
-[Profiler activities] in src/profiler.rs), links it to the op that launched
+[Profiler activities] in src/runtime/profiler.rs), links it to the op that launched
 it, and puts each openreg stream on its own row of the trace."""
 
 import json

@@ -1,7 +1,7 @@
 """TorchScript on openreg: scripted and traced functions and modules run as
 on CPU and never hang (a list TorchScript builds for `x[mask] = v` reached
 the CPU kernel unconverted, which then waited for its own stream: Note
-[Waiting from inside a kernel] in src/stream.rs)."""
+[Waiting from inside a kernel] in src/runtime/stream.rs)."""
 
 import warnings
 

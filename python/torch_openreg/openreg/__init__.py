@@ -105,7 +105,7 @@ has_magma = False
 
 def _inject_fault(kind: str, after: int = 0) -> None:
     """Make the next-but-``after`` operation of ``kind`` fail once, to test
-    error handling (Note [Injected faults] in src/fault.rs): ``"alloc"`` (an
+    error handling (Note [Injected faults] in src/diagnostics/fault.rs): ``"alloc"`` (an
     allocation raises ``torch.OutOfMemoryError``), ``"kernel"`` (a kernel is
     reported failed by its stream's next synchronizing call), ``"event"`` (an
     event record raises) or ``"enumerate"`` (``device_count()`` reports 0).

@@ -142,13 +142,13 @@ def is_tf32_supported() -> bool:
 
 def utilization(device: Any = None) -> int:
     """Percent (0..100) of the last second during which a stream of ``device``
-    had work, measured by the runtime (Note [Busy clock] in src/utilization.rs)."""
+    had work, measured by the runtime (Note [Busy clock] in src/runtime/utilization.rs)."""
     return _C._utilization(_valid_index(device))
 
 
 def stop_device(device: Any) -> None:
     """Stop ``device``, as if it went away (Note [Stopped devices] in
-    src/device_stop.rs): work queued on its streams that has not started is
+    src/runtime/device_stop.rs): work queued on its streams that has not started is
     abandoned (each stream's next synchronize raises, saying how many kernels
     were abandoned; a kernel already running finishes), and new work for it
     (a kernel, an allocation, an event record) raises a RuntimeError saying

@@ -1,6 +1,6 @@
 """Graph capture helpers, as ``torch.cuda`` has them. The graph itself is
 ``torch.accelerator.Graph``, which PyTorch builds from the openreg
-``at::GraphImplInterface`` (cpp/graphs/graph.cpp, src/graph.rs)::
+``at::GraphImplInterface`` (cpp/graphs/graph.cpp, src/runtime/graph.rs)::
 
     s = torch.Stream(device="openreg")
     g = torch.accelerator.Graph()

@@ -1,7 +1,7 @@
 """Memory history and snapshots, as ``torch.cuda.memory`` offers them.
 
 The caching allocator in the Rust runtime records events and the stacks
-that caused them (Note [Memory history] in src/memory_history.rs); a snapshot
+that caused them (Note [Memory history] in src/memory/history.rs); a snapshot
 has CUDA's structure, so PyTorch's own tools read it: ``python -m
 torch.cuda._memory_viz trace_plot snapshot.pickle -o trace.html``, or the
 viewer at https://pytorch.org/memory_viz.

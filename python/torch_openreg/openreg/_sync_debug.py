@@ -1,9 +1,9 @@
 """Debugging host waits: sync-debug mode, where host-blocking operations
 (``.item()``, ``.cpu()``, blocking copies, data-dependent shapes,
 device/stream/event synchronize) warn or raise, naming the operation (Note
-[Sync debug] in src/sync_debug.rs; the initial mode is
+[Sync debug] in src/diagnostics/sync_debug.rs; the initial mode is
 ``OPENREG_SYNC_DEBUG``), and the op timeout, which ends a wait for a kernel
-that runs too long (Note [Op timeout] in src/op_timeout.rs)."""
+that runs too long (Note [Op timeout] in src/runtime/op_timeout.rs)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ pending non-blocking copy uses, and ``query()`` taken as covering work
 launched after the event was recorded. Ordering is CUDA's: stream order,
 event record and wait (``wait_stream``, ``wait_event``, across devices), and
 the host synchronizations the user asks for. See Note [Stream sanitizer] in
-src/sanitizer.rs and docs/sanitizer-and-diagnostics.md.
+src/diagnostics/sanitizer.rs and docs/sanitizer-and-diagnostics.md.
 
 ``OPENREG_SANITIZER=1`` (or ``raise``) turns it on at start, and the
 offending op raises ``RuntimeError("openreg sanitizer: ...")``;
