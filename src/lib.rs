@@ -47,10 +47,12 @@ extern "C" fn register_on_load() {
 }
 
 /// Installs every hook (Note [Hooks] in src/base/hook.rs): what the
-/// higher layers do at the lower layers' hook points. Runs once, at load,
-/// before anything can use a device.
+/// higher layers do at the lower layers' hook points, and registers the
+/// options they own (Note [Registered options] in src/base/options.rs).
+/// Runs once, at load, before anything can use a device or read an option.
 fn wire() {
     base::log::WARNING_SINK.install(|message| bridge::ffi::emit_warning(message));
+    diagnostics::register_options();
     diagnostics::install_hooks();
 }
 

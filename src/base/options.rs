@@ -14,13 +14,26 @@
 //! count is the exception: the guard's `deviceCount` is `noexcept` and
 //! answers without initializing, so an invalid `OPENREG_DEVICE_COUNT` means
 //! 0 devices, with one warning, as before any initialization.
+//!
+//! Note [Registered options]: an option that belongs to a higher layer (a
+//! diagnostic's switch) is that layer's, not this module's: this module
+//! reads and validates variables and knows no diagnostic. The owner
+//! describes its option in a `static OptionSpec` (its name, what it
+//! accepts, its help, a validity test, how its value is shown) and
+//! `register`s it when the library loads (`wire` in src/lib.rs, before any
+//! option is read). From then on the option is read like this module's
+//! own: its variable is read and validated with the others (an invalid
+//! value is reported as in Note [Invalid options]), its name is a known one
+//! (Note [Unknown options]), and `entries` lists it, after the option its
+//! spec names in `after`, so the order of `torch.openreg.options()` is the
+//! options table's. What is kept is its text (`Options::registered`), which
+//! the owner parses itself with the parser its spec's `valid` uses.
 
 use once_cell::sync::Lazy;
+use parking_lot::Mutex;
 
 use crate::base::error::{warn_once, Error, Result};
-use crate::diagnostics::fault::Fault;
 use crate::base::log::Level;
-use crate::diagnostics::sync_debug::SyncDebugMode;
 
 /// The most devices the runtime will simulate. Bounded so that per-thread
 /// state can be fixed-size arrays (see `device.rs`).
@@ -66,28 +79,74 @@ pub struct Options {
     /// `OPENREG_EXIT_DRAIN_MS`: how long the host's exit waits for queued
     /// work before abandoning it (Note [Bounded exit drain] in lifecycle.rs).
     pub exit_drain_ms: u64,
-    /// `OPENREG_SYNC_DEBUG`: the initial sync-debug mode (`crate::diagnostics::sync_debug`).
-    pub sync_debug: SyncDebugMode,
-    /// `OPENREG_SANITIZER`: the initial stream sanitizer mode
-    /// (Note [Stream sanitizer] in sanitizer.rs).
-    pub sanitizer: crate::diagnostics::sanitizer::Mode,
     /// `OPENREG_STREAM_POOL_SIZE`: streams in each priority's pool of a
     /// device, 1..=MAX_STREAM_POOL_SIZE (Note [StreamId assignment]).
     pub stream_pool_size: usize,
-    /// `OPENREG_FAULT=kind[:after]`: a fault armed from the start of the
-    /// process (Note [Injected faults]); None when unset.
-    pub fault: Option<(Fault, u64)>,
     /// `OPENREG_DTYPES`: whose dtype support the kernels follow (Note
     /// [Dtype policy] in cpp/ops/dtype_policy.h). Read when the library
     /// registers its kernels.
     pub dtypes: DtypePolicy,
+    /// The registered options (Note [Registered options]) these options
+    /// were read with, in the order registered.
+    specs: Vec<&'static OptionSpec>,
+    /// Each registered option whose variable is set to a valid value: its
+    /// name and its trimmed text (`registered`).
+    registered_values: Vec<(&'static str, String)>,
     /// The options whose variable was set, in the order read (`entries`
     /// reports each option's source from it).
     pub from_environment: Vec<&'static str>,
     /// The variables (other than the device count) whose value cannot be
-    /// used, in the order read; each option reads as its default
-    /// (Note [Invalid options]).
+    /// used, in the order `entries` lists them (the order the options are
+    /// read, registered ones in their place); each option reads as its
+    /// default (Note [Invalid options]).
     pub invalid: Vec<InvalidOption>,
+}
+
+/// An option a higher layer owns (Note [Registered options]), described
+/// by its owner in a `static`.
+#[derive(Debug)]
+pub struct OptionSpec {
+    /// The variable, `OPENREG_...`.
+    pub name: &'static str,
+    /// The option this one is listed after (by `entries`, and in the error
+    /// of Note [Invalid options]): one of this module's or a registered
+    /// one. Options registered after the same one are listed in the order
+    /// registered; one whose `after` is no option is listed last.
+    pub after: &'static str,
+    /// What the variable accepts, in words, as the error says it.
+    pub accepted: &'static str,
+    /// The option's meaning, as `torch.openreg.options()` shows it.
+    pub help: &'static str,
+    /// Whether the variable's trimmed, non-empty text is a value the owner
+    /// can use.
+    pub valid: fn(&str) -> bool,
+    /// The value as `torch.openreg.options()` shows it: of the text `valid`
+    /// accepted, or the default's when None (the variable unset, empty or
+    /// invalid).
+    pub show: fn(Option<&str>) -> String,
+}
+
+/// The registered options, in the order registered.
+static REGISTERED: Mutex<Vec<&'static OptionSpec>> = parking_lot::const_mutex(Vec::new());
+
+/// Makes `spec`'s option one that is read, validated and shown with the
+/// others (Note [Registered options]). Called by its owner's
+/// `register_options` from `wire` in src/lib.rs, when the library loads,
+/// before any option is read; registering later, or a name twice, is a
+/// wiring mistake and panics.
+pub fn register(spec: &'static OptionSpec) {
+    assert!(
+        get_if_read().is_none(),
+        "{} was registered after the options were read (Note [Registered options])",
+        spec.name
+    );
+    let mut registered = REGISTERED.lock();
+    assert!(
+        registered.iter().all(|other| other.name != spec.name),
+        "{} was registered twice (Note [Registered options])",
+        spec.name
+    );
+    registered.push(spec);
 }
 
 /// Whose dtype support openreg's kernels follow (`OPENREG_DTYPES`).
@@ -190,7 +249,7 @@ impl Options {
             from_environment: Vec::new(),
             invalid: Vec::new(),
         };
-        Options {
+        let mut options = Options {
             device_count: r.device_count(),
             launch_blocking: r.read("OPENREG_LAUNCH_BLOCKING", false, FLAG, parse_flag),
             worker_idle_ms: r.read("OPENREG_WORKER_IDLE_MS", 1000, MILLISECONDS, parse_u64),
@@ -207,28 +266,48 @@ impl Options {
                 parse_choice(s, &Level::NAMES)
             }),
             exit_drain_ms: r.read("OPENREG_EXIT_DRAIN_MS", DEFAULT_EXIT_DRAIN_MS, MILLISECONDS, parse_u64),
-            sync_debug: r.read("OPENREG_SYNC_DEBUG", SyncDebugMode::Default, "one of default, warn, error", |s| {
-                parse_choice(s, &SyncDebugMode::NAMES)
-            }),
-            sanitizer: r.read("OPENREG_SANITIZER", crate::diagnostics::sanitizer::Mode::Off, "one of 0, 1, raise, warn", |s| {
-                parse_choice(s, &crate::diagnostics::sanitizer::Mode::NAMES)
-            }),
             stream_pool_size: r.read(
                 "OPENREG_STREAM_POOL_SIZE",
                 DEFAULT_STREAM_POOL_SIZE,
                 "an integer from 1 to 1024",
                 |s| parse_u64(s).filter(|n| (1..=MAX_STREAM_POOL_SIZE as u64).contains(n)).map(|n| n as usize),
             ),
-            fault: r.read(
-                "OPENREG_FAULT",
-                None,
-                "kind[:after], kind one of alloc, kernel, event, enumerate and after a non-negative integer",
-                |s| Fault::parse_option(s).map(Some),
-            ),
             dtypes: r.read("OPENREG_DTYPES", DtypePolicy::Cuda, "one of cuda, cpu, record", DtypePolicy::parse),
-            from_environment: r.from_environment,
-            invalid: r.invalid,
+            specs: REGISTERED.lock().clone(),
+            registered_values: Vec::new(),
+            from_environment: Vec::new(),
+            invalid: Vec::new(),
+        };
+        for &spec in &options.specs {
+            let text = r.read(spec.name, None, spec.accepted, |text| {
+                (spec.valid)(text).then(|| Some(text.to_string()))
+            });
+            if let Some(text) = text {
+                options.registered_values.push((spec.name, text));
+            }
         }
+        let order = options.order();
+        r.invalid.sort_by_key(|o| order.iter().position(|&name| name == o.name));
+        options.from_environment = r.from_environment;
+        options.invalid = r.invalid;
+        options
+    }
+
+    /// The text of registered option `name` (Note [Registered options]),
+    /// trimmed, when its variable is set to a value its spec's `valid`
+    /// accepts; None when it is unset, empty or invalid, or `name` is not a
+    /// registered option (the owner's default applies).
+    pub fn registered(&self, name: &str) -> Option<&str> {
+        self.registered_values
+            .iter()
+            .find(|(registered, _)| *registered == name)
+            .map(|(_, text)| text.as_str())
+    }
+
+    /// Every option's name, in the order `entries` lists them.
+    fn order(&self) -> Vec<&'static str> {
+        let own: Vec<&'static str> = self.own_values().iter().map(|e| e.name).collect();
+        listing_order(&own, &self.specs)
     }
 
     /// Ok when every option can be used; otherwise the one error that
@@ -279,7 +358,22 @@ impl Options {
         entries
     }
 
+    /// Each option's value and meaning, registered ones included, in
+    /// `order`.
     fn values(&self) -> Vec<OptionEntry> {
+        let mut values = self.own_values();
+        values.extend(self.specs.iter().map(|spec| OptionEntry {
+            name: spec.name,
+            value: (spec.show)(self.registered(spec.name)),
+            help: spec.help,
+        }));
+        let order = self.order();
+        values.sort_by_key(|e| order.iter().position(|&name| name == e.name));
+        values
+    }
+
+    /// This module's own options, in the order read.
+    fn own_values(&self) -> Vec<OptionEntry> {
         vec![
             OptionEntry {
                 name: "OPENREG_DEVICE_COUNT",
@@ -332,27 +426,9 @@ impl Options {
                 help: "milliseconds exit waits for queued device work before abandoning it (default 500)",
             },
             OptionEntry {
-                name: "OPENREG_SYNC_DEBUG",
-                value: self.sync_debug.name().to_string(),
-                help: "initial set_sync_debug_mode: default, warn or error on host-blocking operations",
-            },
-            OptionEntry {
-                name: "OPENREG_SANITIZER",
-                value: self.sanitizer.name().to_string(),
-                help: "stream sanitizer: 0 (off, default), 1 or raise (the offending op fails), warn (reports printed at exit)",
-            },
-            OptionEntry {
                 name: "OPENREG_STREAM_POOL_SIZE",
                 value: self.stream_pool_size.to_string(),
                 help: "streams in each priority's pool per device (1..=1024, default 32), handed out round-robin",
-            },
-            OptionEntry {
-                name: "OPENREG_FAULT",
-                value: match self.fault {
-                    Some((fault, after)) => format!("{}:{after}", fault.name()),
-                    None => String::new(),
-                },
-                help: "kind[:after]: the (after+1)-th alloc, kernel, event or enumerate of the process fails once (fault injection; unset: none)",
             },
             OptionEntry {
                 name: "OPENREG_DTYPES",
@@ -361,6 +437,32 @@ impl Options {
             },
         ]
     }
+}
+
+/// The options' names in the order `entries` lists them: `own` in order,
+/// each registered one right after the one its spec names in `after` (those
+/// after the same one in the order registered), then any whose `after` is
+/// no option.
+fn listing_order(own: &[&'static str], specs: &[&'static OptionSpec]) -> Vec<&'static str> {
+    fn place(name: &'static str, specs: &[&'static OptionSpec], order: &mut Vec<&'static str>) {
+        if order.contains(&name) {
+            return; // a wiring mistake: `after`s that form a cycle
+        }
+        order.push(name);
+        for spec in specs.iter().filter(|spec| spec.after == name) {
+            place(spec.name, specs, order);
+        }
+    }
+    let mut order = Vec::new();
+    for &name in own {
+        place(name, specs, &mut order);
+    }
+    for spec in specs {
+        if !order.contains(&spec.name) {
+            place(spec.name, specs, &mut order);
+        }
+    }
+    order
 }
 
 /// `OPENREG_*` variables that are not runtime options but are read by
@@ -529,8 +631,9 @@ fn parse_u64(text: &str) -> Option<u64> {
     text.parse().ok()
 }
 
-/// One of `choices` by name (case-insensitive).
-fn parse_choice<T: Copy>(text: &str, choices: &[(&'static str, T)]) -> Option<T> {
+/// One of `choices` by name (case-insensitive); for registered options'
+/// parsers too.
+pub fn parse_choice<T: Copy>(text: &str, choices: &[(&'static str, T)]) -> Option<T> {
     choices
         .iter()
         .find(|(choice, _)| choice.eq_ignore_ascii_case(text))
@@ -552,11 +655,11 @@ fn parse_size(text: &str) -> Option<usize> {
         .filter(|&bytes| bytes > 0)
 }
 
+/// The options a process with exactly these variables set would read
+/// (for tests, here and in the modules that own registered options).
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(pairs: &[(&str, &str)]) -> Options {
+impl Options {
+    pub(crate) fn from_pairs(pairs: &[(&str, &str)]) -> Options {
         let pairs: Vec<(String, String)> = pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -567,6 +670,15 @@ mod tests {
                 .find(|(key, _)| key == k)
                 .map(|(_, v)| v.clone())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(pairs: &[(&str, &str)]) -> Options {
+        Options::from_pairs(pairs)
     }
 
     #[test]
@@ -645,7 +757,8 @@ mod tests {
             ("OPENREG_EXIT_DRAIN_MS", "20"),
         ]);
         assert_eq!(o.log_level, Level::Debug);
-        assert_eq!(o.sync_debug, SyncDebugMode::Error);
+        assert_eq!(o.registered("OPENREG_SYNC_DEBUG"), Some("error"));
+        assert_eq!(o.source("OPENREG_SYNC_DEBUG"), "environment");
         assert_eq!(o.exit_drain_ms, 20);
         assert_eq!(o.source("OPENREG_LOG"), "environment");
         assert_eq!(o.source("OPENREG_DEVICE_COUNT"), "default");
@@ -654,7 +767,7 @@ mod tests {
         assert_eq!(d.log_level, DEFAULT_LOG_LEVEL);
         assert_eq!(d.source("OPENREG_LOG"), "invalid");
         assert_eq!(d.exit_drain_ms, DEFAULT_EXIT_DRAIN_MS);
-        assert_eq!(d.sync_debug, SyncDebugMode::Default);
+        assert_eq!(d.registered("OPENREG_SYNC_DEBUG"), None);
     }
 
     #[test]
@@ -680,34 +793,6 @@ mod tests {
                 "{message}"
             );
         }
-    }
-
-    #[test]
-    fn fault_option() {
-        assert_eq!(parse(&[]).fault, None);
-        assert_eq!(
-            parse(&[("OPENREG_FAULT", "kernel:2")]).fault,
-            Some((Fault::Kernel, 2))
-        );
-        assert_eq!(
-            parse(&[("OPENREG_FAULT", " ALLOC ")]).fault,
-            Some((Fault::Alloc, 0))
-        );
-        let o = parse(&[("OPENREG_FAULT", "disk:1")]);
-        assert_eq!((o.fault, invalid(&o)), (None, vec!["OPENREG_FAULT"]));
-        assert!(o.check().unwrap_err().message.contains(
-            "OPENREG_FAULT=\"disk:1\" (expected kind[:after], kind one of alloc, kernel, event, enumerate and after a \
-             non-negative integer)"
-        ));
-        let entry = |o: &Options| {
-            o.entries()
-                .into_iter()
-                .find(|e| e.name == "OPENREG_FAULT")
-                .unwrap()
-                .value
-        };
-        assert_eq!(entry(&parse(&[("OPENREG_FAULT", "Event")])), "event:0");
-        assert_eq!(entry(&parse(&[])), "");
     }
 
     #[test]
@@ -787,11 +872,6 @@ mod tests {
             accepted("OPENREG_LOG"),
             names(&Level::NAMES.map(|(n, _)| n))
         );
-        assert_eq!(
-            accepted("OPENREG_SYNC_DEBUG"),
-            names(&SyncDebugMode::NAMES.map(|(n, _)| n))
-        );
-        assert!(accepted("OPENREG_FAULT").contains(&names(&Fault::NAMES.map(|(n, _)| n))));
         assert_eq!(
             accepted("OPENREG_DTYPES"),
             names(&DtypePolicy::NAMES.map(|(n, _)| n))
@@ -890,6 +970,85 @@ mod tests {
         assert_eq!(edit_distance("", "abc"), 3);
         assert_eq!(edit_distance("kitten", "sitting"), 3);
         assert_eq!(edit_distance("same", "same"), 0);
+    }
+
+    /// Registered options (Note [Registered options]) are registered when
+    /// the library loads, in this test binary too, so `from_lookup` reads
+    /// them: listed, and reported invalid, in their place among the others.
+    #[test]
+    fn registered_options_are_listed_and_checked_in_their_place() {
+        let names: Vec<&str> = parse(&[]).entries().iter().map(|e| e.name).collect();
+        assert_eq!(
+            names,
+            [
+                "OPENREG_DEVICE_COUNT",
+                "OPENREG_LAUNCH_BLOCKING",
+                "OPENREG_WORKER_IDLE_MS",
+                "OPENREG_DEVICE_MEMORY",
+                "OPENREG_MEMORY_PROTECT",
+                "OPENREG_AUTOGRAD_ON_CALLER",
+                "OPENREG_KERNEL_THREADS",
+                "OPENREG_SPLIT_ELEMENTS",
+                "OPENREG_LOG",
+                "OPENREG_EXIT_DRAIN_MS",
+                "OPENREG_SYNC_DEBUG",
+                "OPENREG_SANITIZER",
+                "OPENREG_STREAM_POOL_SIZE",
+                "OPENREG_FAULT",
+                "OPENREG_DTYPES",
+            ]
+        );
+        let o = parse(&[
+            ("OPENREG_DTYPES", "gpu"),
+            ("OPENREG_FAULT", "x"),
+            ("OPENREG_STREAM_POOL_SIZE", "0"),
+            ("OPENREG_SANITIZER", "x"),
+            ("OPENREG_SYNC_DEBUG", "x"),
+            ("OPENREG_LOG", "x"),
+        ]);
+        assert_eq!(
+            invalid(&o),
+            [
+                "OPENREG_LOG",
+                "OPENREG_SYNC_DEBUG",
+                "OPENREG_SANITIZER",
+                "OPENREG_STREAM_POOL_SIZE",
+                "OPENREG_FAULT",
+                "OPENREG_DTYPES"
+            ]
+        );
+        assert_eq!(o.registered("OPENREG_SANITIZER"), None);
+        assert_eq!(parse(&[("OPENREG_SANITIZER", " warn ")]).registered("OPENREG_SANITIZER"), Some("warn"));
+        assert_eq!(parse(&[("OPENREG_SANITIZER", " ")]).registered("OPENREG_SANITIZER"), None);
+        assert_eq!(parse(&[("OPENREG_LOG", "info")]).registered("OPENREG_LOG"), None);
+    }
+
+    #[test]
+    fn a_registered_option_is_listed_after_the_one_its_spec_names() {
+        fn spec(name: &'static str, after: &'static str) -> &'static OptionSpec {
+            Box::leak(Box::new(OptionSpec {
+                name,
+                after,
+                accepted: "",
+                help: "",
+                valid: |_| true,
+                show: |_| String::new(),
+            }))
+        }
+        let specs = [
+            spec("D", "B"),
+            spec("E", "D"),
+            spec("F", "nothing"),
+            spec("G", "A"),
+            spec("H", "B"),
+        ];
+        assert_eq!(
+            listing_order(&["A", "B", "C"], &specs),
+            ["A", "G", "B", "D", "E", "H", "C", "F"]
+        );
+        // `after`s that form a cycle list each option once.
+        let cycle = [spec("X", "Y"), spec("Y", "X")];
+        assert_eq!(listing_order(&["A"], &cycle), ["A", "X", "Y"]);
     }
 
     #[test]

@@ -71,6 +71,76 @@ impl Fault {
     }
 }
 
+/// `OPENREG_FAULT`: the fault armed from the start of the process (Note
+/// [Registered options] in src/base/options.rs).
+static OPTION: crate::base::options::OptionSpec = crate::base::options::OptionSpec {
+    name: "OPENREG_FAULT",
+    after: "OPENREG_STREAM_POOL_SIZE",
+    accepted: "kind[:after], kind one of alloc, kernel, event, enumerate and after a non-negative integer",
+    help: "kind[:after]: the (after+1)-th alloc, kernel, event or enumerate of the process fails once (fault injection; unset: none)",
+    valid: |text| Fault::parse_option(text).is_some(),
+    show: |text| match text.and_then(Fault::parse_option) {
+        Some((fault, after)) => format!("{}:{after}", fault.name()),
+        None => String::new(),
+    },
+};
+
+/// Registers `OPENREG_FAULT` (from `diagnostics::register_options`, at load).
+pub(crate) fn register_options() {
+    crate::base::options::register(&OPTION);
+}
+
+/// The fault `options` arm from the start (`OPENREG_FAULT`), if any.
+fn armed_by(options: &crate::base::options::Options) -> Option<(Fault, u64)> {
+    options.registered(OPTION.name).and_then(Fault::parse_option)
+}
+
+#[cfg(test)]
+mod option_tests {
+    use super::*;
+    use crate::base::options::Options;
+
+    fn parse(pairs: &[(&str, &str)]) -> Options {
+        Options::from_pairs(pairs)
+    }
+
+    #[test]
+    fn fault_option() {
+        assert_eq!(armed_by(&parse(&[])), None);
+        assert_eq!(
+            armed_by(&parse(&[("OPENREG_FAULT", "kernel:2")])),
+            Some((Fault::Kernel, 2))
+        );
+        assert_eq!(
+            armed_by(&parse(&[("OPENREG_FAULT", " ALLOC ")])),
+            Some((Fault::Alloc, 0))
+        );
+        let o = parse(&[("OPENREG_FAULT", "disk:1")]);
+        let invalid: Vec<&str> = o.invalid.iter().map(|i| i.name).collect();
+        assert_eq!((armed_by(&o), invalid), (None, vec!["OPENREG_FAULT"]));
+        assert!(o.check().unwrap_err().message.contains(
+            "OPENREG_FAULT=\"disk:1\" (expected kind[:after], kind one of alloc, kernel, event, enumerate and after a \
+             non-negative integer)"
+        ));
+        let entry = |o: &Options| {
+            o.entries()
+                .into_iter()
+                .find(|e| e.name == "OPENREG_FAULT")
+                .unwrap()
+                .value
+        };
+        assert_eq!(entry(&parse(&[("OPENREG_FAULT", "Event")])), "event:0");
+        assert_eq!(entry(&parse(&[])), "");
+    }
+
+    #[test]
+    fn the_accepted_choices_are_the_names_the_parser_takes() {
+        let accepted = parse(&[("OPENREG_FAULT", "?")]).invalid[0].accepted;
+        let names = format!("one of {}", Fault::NAMES.map(|(n, _)| n).join(", "));
+        assert!(accepted.contains(&names), "{accepted}");
+    }
+}
+
 /// Per kind: 0 disarmed, else 1 + the operations still allowed to succeed.
 static COUNTDOWNS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 
@@ -83,7 +153,7 @@ static BY_OPTION: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
 fn arm_from_option() {
     static ARMED: Once = Once::new();
     ARMED.call_once(|| {
-        if let Some((fault, after)) = crate::base::options::get().fault {
+        if let Some((fault, after)) = armed_by(crate::base::options::get()) {
             arm(fault, after, true);
         }
     });

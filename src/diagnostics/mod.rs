@@ -10,6 +10,14 @@ pub(crate) mod pinned_guard;
 pub mod sanitizer;
 pub mod sync_debug;
 
+/// Registers the options the diagnostics own (Note [Registered options]
+/// in src/base/options.rs); called once, at load, before any option is read.
+pub(crate) fn register_options() {
+    sync_debug::register_options();
+    sanitizer::register_options();
+    fault::register_options();
+}
+
 /// Attaches every diagnostic at the hook points of the layers below
 /// (Note [Hooks] in src/base/hook.rs); called once, at load.
 pub(crate) fn install_hooks() {

@@ -84,6 +84,75 @@ impl Mode {
     }
 }
 
+/// `OPENREG_SANITIZER`: the mode the sanitizer starts in (Note [Registered
+/// options] in src/base/options.rs).
+static OPTION: crate::base::options::OptionSpec = crate::base::options::OptionSpec {
+    name: "OPENREG_SANITIZER",
+    after: "OPENREG_SYNC_DEBUG",
+    accepted: "one of 0, 1, raise, warn",
+    help: "stream sanitizer: 0 (off, default), 1 or raise (the offending op fails), warn (reports printed at exit)",
+    valid: |text| parse_mode(text).is_some(),
+    show: |text| text.and_then(parse_mode).unwrap_or(Mode::Off).name().to_string(),
+};
+
+/// Registers `OPENREG_SANITIZER` (from `diagnostics::register_options`, at load).
+pub(crate) fn register_options() {
+    crate::base::options::register(&OPTION);
+}
+
+/// `OPENREG_SANITIZER`'s text: one of `Mode::NAMES`, case-insensitive.
+fn parse_mode(text: &str) -> Option<Mode> {
+    crate::base::options::parse_choice(text, &Mode::NAMES)
+}
+
+/// The mode `options` start the sanitizer in: `OPENREG_SANITIZER`, else
+/// `Off`.
+fn initial_mode(options: &crate::base::options::Options) -> Mode {
+    options
+        .registered(OPTION.name)
+        .and_then(parse_mode)
+        .unwrap_or(Mode::Off)
+}
+
+#[cfg(test)]
+mod option_tests {
+    use super::*;
+    use crate::base::options::Options;
+
+    #[test]
+    fn the_option_sets_the_initial_mode() {
+        let initial = |text: &str| initial_mode(&Options::from_pairs(&[("OPENREG_SANITIZER", text)]));
+        assert_eq!(initial_mode(&Options::from_pairs(&[])), Mode::Off);
+        for (text, mode) in [
+            ("0", Mode::Off),
+            ("off", Mode::Off),
+            ("1", Mode::Raise),
+            (" Raise ", Mode::Raise),
+            ("warn", Mode::Warn),
+            ("2", Mode::Warn),
+            ("", Mode::Off),
+        ] {
+            assert_eq!(initial(text), mode, "{text:?}");
+        }
+        let bad = Options::from_pairs(&[("OPENREG_SANITIZER", "maybe ")]);
+        assert_eq!(initial_mode(&bad), Mode::Off);
+        assert_eq!(bad.check().unwrap_err().message,
+            "openreg cannot initialize: invalid option value: \
+             OPENREG_SANITIZER=\"maybe \" (expected one of 0, 1, raise, warn); fix or unset this variable");
+        let entry = bad.entries().into_iter().find(|e| e.name == "OPENREG_SANITIZER").unwrap();
+        assert_eq!((entry.value.as_str(), bad.source("OPENREG_SANITIZER")), ("maybe ", "invalid"));
+        let value = |text: &str| {
+            Options::from_pairs(&[("OPENREG_SANITIZER", text)])
+                .entries()
+                .into_iter()
+                .find(|e| e.name == "OPENREG_SANITIZER")
+                .unwrap()
+                .value
+        };
+        assert_eq!([value(""), value("1"), value("2")], ["off", "raise", "warn"]);
+    }
+}
+
 /// Read by the shim before every launch (one relaxed load; Note [Stream
 /// sanitizer]); mirrors `MODE != Off`.
 #[no_mangle]
@@ -100,7 +169,7 @@ pub fn active() -> bool {
 }
 
 pub fn mode() -> Mode {
-    INITIAL_MODE.call_once(|| apply(crate::base::options::get().sanitizer));
+    INITIAL_MODE.call_once(|| apply(initial_mode(crate::base::options::get())));
     Mode::from_code(MODE.load(Ordering::Relaxed))
 }
 

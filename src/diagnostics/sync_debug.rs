@@ -51,8 +51,82 @@ impl SyncDebugMode {
     }
 }
 
+/// `OPENREG_SYNC_DEBUG`: the mode sync debug starts in (Note [Registered
+/// options] in src/base/options.rs).
+static OPTION: options::OptionSpec = options::OptionSpec {
+    name: "OPENREG_SYNC_DEBUG",
+    after: "OPENREG_EXIT_DRAIN_MS",
+    accepted: "one of default, warn, error",
+    help: "initial set_sync_debug_mode: default, warn or error on host-blocking operations",
+    valid: |text| parse_mode(text).is_some(),
+    show: |text| text.and_then(parse_mode).unwrap_or(SyncDebugMode::Default).name().to_string(),
+};
+
+/// Registers `OPENREG_SYNC_DEBUG` (from `diagnostics::register_options`, at load).
+pub(crate) fn register_options() {
+    options::register(&OPTION);
+}
+
+/// `OPENREG_SYNC_DEBUG`'s text: a mode's name, case-insensitive.
+fn parse_mode(text: &str) -> Option<SyncDebugMode> {
+    options::parse_choice(text, &SyncDebugMode::NAMES)
+}
+
+/// The mode `options` start sync debug in: `OPENREG_SYNC_DEBUG`, else
+/// `Default`.
+fn initial_mode(options: &options::Options) -> SyncDebugMode {
+    options
+        .registered(OPTION.name)
+        .and_then(parse_mode)
+        .unwrap_or(SyncDebugMode::Default)
+}
+
 /// The mode in force; starts as `OPENREG_SYNC_DEBUG`.
-static MODE: Lazy<AtomicU8> = Lazy::new(|| AtomicU8::new(options::get().sync_debug as u8));
+static MODE: Lazy<AtomicU8> = Lazy::new(|| AtomicU8::new(initial_mode(options::get()) as u8));
+
+#[cfg(test)]
+mod option_tests {
+    use super::*;
+    use crate::base::options::Options;
+
+    /// `OPENREG_SYNC_DEBUG` as these options start sync debug.
+    fn initial(pairs: &[(&str, &str)]) -> SyncDebugMode {
+        initial_mode(&Options::from_pairs(pairs))
+    }
+
+    #[test]
+    fn the_option_sets_the_initial_mode() {
+        assert_eq!(initial(&[]), SyncDebugMode::Default);
+        assert_eq!(initial(&[("OPENREG_SYNC_DEBUG", "error")]), SyncDebugMode::Error);
+        assert_eq!(initial(&[("OPENREG_SYNC_DEBUG", " warn ")]), SyncDebugMode::Warn);
+        assert_eq!(initial(&[("OPENREG_SYNC_DEBUG", "")]), SyncDebugMode::Default);
+        let bad = Options::from_pairs(&[("OPENREG_SYNC_DEBUG", "bogus"), ("OPENREG_LOG", "loud")]);
+        assert_eq!(initial_mode(&bad), SyncDebugMode::Default);
+        assert_eq!(bad.source("OPENREG_SYNC_DEBUG"), "invalid");
+    }
+
+    #[test]
+    fn the_accepted_choices_are_the_names_the_parser_takes() {
+        let o = Options::from_pairs(&[("OPENREG_SYNC_DEBUG", "?")]);
+        assert_eq!(
+            o.invalid[0].accepted,
+            format!("one of {}", SyncDebugMode::NAMES.map(|(n, _)| n).join(", "))
+        );
+    }
+
+    #[test]
+    fn entries_show_the_mode() {
+        let value = |o: &Options| {
+            o.entries()
+                .into_iter()
+                .find(|e| e.name == "OPENREG_SYNC_DEBUG")
+                .unwrap()
+                .value
+        };
+        assert_eq!(value(&Options::from_pairs(&[])), "default");
+        assert_eq!(value(&Options::from_pairs(&[("OPENREG_SYNC_DEBUG", " ERROR ")])), "error");
+    }
+}
 
 pub fn mode() -> SyncDebugMode {
     SyncDebugMode::from_code(MODE.load(Ordering::Relaxed))
