@@ -103,6 +103,11 @@ fn main() {
         // (With them on, each c10::Device made costs an out-of-line call:
         // two per device-guard round trip, Note [Current device slot].)
         .define("NDEBUG", None)
+        // As PyTorch compiles itself: torch's headers include the per-operator
+        // headers they need (ATen/ops/NAME.h), not ATen/Functions.h and with
+        // it every operator (100K-150K of a translation unit's 350K lines).
+        // The shim's own files do the same (cpp/README.md, Thin includes).
+        .define("AT_PER_OPERATOR_HEADERS", None)
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-unused-function")
         // GCC 12 misreads c10::List<std::optional<at::Tensor>> (torch's own

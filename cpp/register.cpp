@@ -1,5 +1,7 @@
 // Registration with PyTorch, run by the library's load-time constructor
 // (src/lib.rs) — see there for why it is not a static registrar.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include <atomic>
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>

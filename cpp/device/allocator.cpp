@@ -1,6 +1,8 @@
 // openreg's c10::DeviceAllocator (what torch.accelerator.memory_* read) and
 // its pinned host allocator. Memory and statistics live in the Rust caching
 // allocator (src/runtime/allocator.rs); this file converts and forwards.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
 

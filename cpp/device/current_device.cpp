@@ -1,4 +1,6 @@
 // See Note [Current device slot] in current_device.h.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "torch_openreg/cpp/device/current_device.h"
 
 namespace openreg {

@@ -1,4 +1,6 @@
 // See device_memory.h.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "torch_openreg/cpp/device/device_memory.h"
 
 #include <array>

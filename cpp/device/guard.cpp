@@ -1,5 +1,7 @@
 // openreg's c10::impl::DeviceGuardImplInterface: every method forwards to the
 // Rust runtime through the bridge. Contracts are quoted from the interface.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include <atomic>
 
 #include <c10/core/CachingDeviceAllocator.h>

@@ -1,5 +1,7 @@
 // openreg's at::PrivateUse1HooksInterface: how ATen asks about the device
 // (availability, contexts, current device) without knowing the backend.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include <cstring>
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>

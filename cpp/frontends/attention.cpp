@@ -24,12 +24,24 @@
 // Its backward returns the gradient of a floating-point attn_bias when
 // grad_input_mask asks for it, as CUDA's memory-efficient kernel does
 // (computed on the math route: the CPU's fused backward has none).
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include <mutex>
 
-#include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/logsumexp.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/softmax.h>
+#include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
 #include "torch_openreg/cpp/ops/dtype_policy.h"

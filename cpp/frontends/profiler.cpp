@@ -8,6 +8,7 @@
 // The wheel's PyTorch is built with Kineto; its profiler headers declare
 // the PrivateUse1 registry only under USE_KINETO.
 #define USE_KINETO 1
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
 #include <map>
 #include <memory>

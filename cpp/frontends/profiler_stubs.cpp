@@ -18,6 +18,8 @@
 // is in Rust) recorded on the current stream of the current device, as
 // CUDA's stubs record on the current CUDA stream. On a capturing stream no
 // event is recorded: the profiler must not add nodes to the user's graph.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include <exception>
 #include <functional>
 #include <memory>

@@ -2,6 +2,8 @@
 // at::accelerator::Graph in C++) creates for the openreg device. The graph
 // itself lives in Rust (src/runtime/graph.rs, Note [Graph capture]); this class
 // only forwards, turning Rust errors into c10::Error.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include <fstream>
 
 #include <ATen/core/GraphImplInterface.h>

@@ -1,4 +1,6 @@
 // See graph_kernels.h (Note [Graph kernels]).
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "torch_openreg/cpp/graphs/graph_kernels.h"
 
 #include <cstdint>

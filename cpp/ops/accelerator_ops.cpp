@@ -43,9 +43,23 @@
 // Each kernel here is one launch on the current stream (Note [One door]):
 // the results are allocated first and a CPU computation on views of the
 // device memory fills them.
-#include <ATen/ATen.h>
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include <ATen/AccumulateType.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/native/Resize.h>
+#include <ATen/ops/_masked_scale.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/baddbmm.h>
+#include <ATen/ops/batch_norm_gather_stats_with_counts.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/var_mean.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 

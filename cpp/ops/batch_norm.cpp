@@ -19,12 +19,13 @@
 // the input's dtype; every other call (evaluation included) goes to the
 // boxed fallback, which runs CPU's kernel and reports bad arguments as CPU
 // does.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include <array>
 #include <cmath>
 #include <optional>
 #include <tuple>
 
-#include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>

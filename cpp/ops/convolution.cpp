@@ -4,11 +4,14 @@
 // so the results are allocated up front and the CPU convolution runs on
 // zero-copy views as a kernel on the current stream (Note [One door]),
 // writing them in place.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include <algorithm>
 #include <vector>
 
-#include <ATen/ATen.h>
 #include <ATen/native/ConvUtils.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 

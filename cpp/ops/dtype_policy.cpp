@@ -1,6 +1,8 @@
 // The dtype policy (Note [Dtype policy] in dtype_policy.h): the kernels that
 // check a call's dtype against the generated table, and the recording the
 // table is generated from.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "torch_openreg/cpp/ops/dtype_policy.h"
 
 #include <array>

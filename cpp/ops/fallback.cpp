@@ -61,11 +61,12 @@
 // result comes back over the argument's memory or with its bytes copied to
 // the device. A copy between quantized tensors copies their bytes with the
 // dense copy (_copy_from, which the CPU lacks). Also routes 1 and 3.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
-#include <ATen/ATen.h>
 #include <ATen/NestedTensorImpl.h>
 #include <ATen/quantized/QTensorImpl.h>
 #include <ATen/quantized/Quantizer.h>

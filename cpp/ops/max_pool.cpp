@@ -15,6 +15,8 @@
 // accept (checked conservatively here); every other call goes where it went
 // before this kernel: ATen's composite and the fallback's out= form, which
 // run CPU's kernel and report bad arguments as CPU does.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -24,7 +26,6 @@
 #include <tuple>
 #include <type_traits>
 
-#include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/ops/max_pool2d_with_indices_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <c10/core/DeviceGuard.h>

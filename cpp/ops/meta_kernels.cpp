@@ -1,4 +1,6 @@
 // See meta_kernels.h (Note [C++ Meta kernels]).
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "torch_openreg/cpp/ops/meta_kernels.h"
 
 #include <mutex>

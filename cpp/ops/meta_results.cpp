@@ -1,4 +1,6 @@
 // See meta_results.h (Note [Meta results]).
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "torch_openreg/cpp/ops/meta_results.h"
 
 #include <bit>
@@ -6,8 +8,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/DeviceGuard.h>

@@ -2,13 +2,14 @@
 // storage (re)binding, copies, scalar reads, fills. Everything else goes
 // through the boxed fallback (fallback.cpp). Registered by register_ops()
 // at load, not by a static registrar.
-#include <ATen/ATen.h>
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include <ATen/EmptyTensor.h>
-#include <ATen/native/Resize.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/resize_native.h>
 #include <ATen/ops/set_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>

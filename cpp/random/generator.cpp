@@ -1,6 +1,8 @@
 // openreg's c10::GeneratorImpl: a counter-based Philox generator whose state
 // lives in Rust; every method forwards (see Note [Philox offsets] in
 // src/runtime/generator.rs).
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include "torch_openreg/cpp/random/generator.h"
 
 #include <cstring>

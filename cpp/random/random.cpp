@@ -8,9 +8,18 @@
 // decompose into empty + these in-place kernels; dropout reaches
 // native_dropout; multinomial and the functional normal overloads compose
 // them with ordinary device ops.
+#define TORCH_ASSERT_ONLY_METHOD_OPERATORS
+
 #include <cmath>
 
-#include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/lt.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/searchsorted.h>
+#include <ATen/ops/view_as_real.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
