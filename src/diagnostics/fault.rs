@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Once;
 
 use crate::base::error::{Error, ErrorKind, Result};
+use crate::base::options::{self, OptionSpec};
 use crate::runtime::hooks;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,7 +74,7 @@ impl Fault {
 
 /// `OPENREG_FAULT`: the fault armed from the start of the process (Note
 /// [Registered options] in src/base/options.rs).
-static OPTION: crate::base::options::OptionSpec = crate::base::options::OptionSpec {
+static OPTION: OptionSpec = OptionSpec {
     name: "OPENREG_FAULT",
     after: "OPENREG_STREAM_POOL_SIZE",
     accepted: "kind[:after], kind one of alloc, kernel, event, enumerate and after a non-negative integer",
@@ -87,11 +88,11 @@ static OPTION: crate::base::options::OptionSpec = crate::base::options::OptionSp
 
 /// Registers `OPENREG_FAULT` (from `diagnostics::register_options`, at load).
 pub(crate) fn register_options() {
-    crate::base::options::register(&OPTION);
+    options::register(&OPTION);
 }
 
 /// The fault `options` arm from the start (`OPENREG_FAULT`), if any.
-fn armed_by(options: &crate::base::options::Options) -> Option<(Fault, u64)> {
+fn armed_by(options: &options::Options) -> Option<(Fault, u64)> {
     options.registered(OPTION.name).and_then(Fault::parse_option)
 }
 
@@ -153,7 +154,7 @@ static BY_OPTION: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
 fn arm_from_option() {
     static ARMED: Once = Once::new();
     ARMED.call_once(|| {
-        if let Some((fault, after)) = armed_by(crate::base::options::get()) {
+        if let Some((fault, after)) = armed_by(options::get()) {
             arm(fault, after, true);
         }
     });

@@ -52,6 +52,7 @@ use std::sync::{Arc, Once, OnceLock};
 use parking_lot::Mutex;
 
 use crate::base::error::{Error, ErrorKind, Result};
+use crate::base::options::{self, OptionSpec};
 use crate::runtime::hooks::{self, MemoryObserver, OrderObserver, OrderPoint};
 use crate::runtime::stream::{StreamQueue, TaskName};
 
@@ -86,7 +87,7 @@ impl Mode {
 
 /// `OPENREG_SANITIZER`: the mode the sanitizer starts in (Note [Registered
 /// options] in src/base/options.rs).
-static OPTION: crate::base::options::OptionSpec = crate::base::options::OptionSpec {
+static OPTION: OptionSpec = OptionSpec {
     name: "OPENREG_SANITIZER",
     after: "OPENREG_SYNC_DEBUG",
     accepted: "one of 0, 1, raise, warn",
@@ -97,17 +98,17 @@ static OPTION: crate::base::options::OptionSpec = crate::base::options::OptionSp
 
 /// Registers `OPENREG_SANITIZER` (from `diagnostics::register_options`, at load).
 pub(crate) fn register_options() {
-    crate::base::options::register(&OPTION);
+    options::register(&OPTION);
 }
 
 /// `OPENREG_SANITIZER`'s text: one of `Mode::NAMES`, case-insensitive.
 fn parse_mode(text: &str) -> Option<Mode> {
-    crate::base::options::parse_choice(text, &Mode::NAMES)
+    options::parse_choice(text, &Mode::NAMES)
 }
 
 /// The mode `options` start the sanitizer in: `OPENREG_SANITIZER`, else
 /// `Off`.
-fn initial_mode(options: &crate::base::options::Options) -> Mode {
+fn initial_mode(options: &options::Options) -> Mode {
     options
         .registered(OPTION.name)
         .and_then(parse_mode)
@@ -169,7 +170,7 @@ pub fn active() -> bool {
 }
 
 pub fn mode() -> Mode {
-    INITIAL_MODE.call_once(|| apply(initial_mode(crate::base::options::get())));
+    INITIAL_MODE.call_once(|| apply(initial_mode(options::get())));
     Mode::from_code(MODE.load(Ordering::Relaxed))
 }
 

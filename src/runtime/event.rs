@@ -220,14 +220,14 @@ impl Event {
         match target {
             Some(Target::Point(stream, seq, clock)) => {
                 crate::runtime::graph::check_host_sync(what, Some(stream))?;
-                before_host_wait(what)?;
+                hooks::before_host_wait(what)?;
                 stream.wait_for(seq, true)?;
                 match clock {
                     Some(clock) => hooks::host_waited_for(&clock, false),
                     None => Ok(()),
                 }
             }
-            _ => before_host_wait(what),
+            _ => hooks::before_host_wait(what),
         }
     }
 
@@ -429,15 +429,6 @@ pub mod handle {
         };
         drop(event); // outside the registry's lock
         Ok(())
-    }
-}
-
-/// The `BEFORE_HOST_WAIT` hook's answer for `what` (Note [Sync debug] in
-/// sync_debug.rs); Ok without one.
-fn before_host_wait(what: &str) -> Result<()> {
-    match hooks::BEFORE_HOST_WAIT.get() {
-        Some(hook) => hook(what),
-        None => Ok(()),
     }
 }
 

@@ -83,3 +83,11 @@ pub(crate) fn host_waited_for(point: &OrderPoint, by_query: bool) -> Result<()> 
         None => Ok(()),
     }
 }
+
+/// The `BEFORE_HOST_WAIT` hook's answer for `what` (Ok without one).
+pub(crate) fn before_host_wait(what: &str) -> Result<()> {
+    match BEFORE_HOST_WAIT.get() {
+        Some(hook) => hook(what),
+        None => Ok(()),
+    }
+}
