@@ -61,6 +61,9 @@
 // result comes back over the argument's memory or with its bytes copied to
 // the device. A copy between quantized tensors copies their bytes with the
 // dense copy (_copy_from, which the CPU lacks). Also routes 1 and 3.
+//
+// Sparse tensors (Note [Sparse tensors] in sparse_tensors.h) take the same
+// routes, with a sparse CPU view of each sparse argument.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
 #include <mutex>
@@ -80,6 +83,7 @@
 #include "torch_openreg/cpp/ops/ivalue_tensors.h"
 #include "torch_openreg/cpp/ops/kernel_split.h"
 #include "torch_openreg/cpp/ops/meta_results.h"
+#include "torch_openreg/cpp/ops/sparse_tensors.h"
 #include "torch_openreg/src/bridge/ffi.rs.h"
 
 namespace openreg {
@@ -193,7 +197,10 @@ class Call {
           note_device(t.device());
           has_nested_ |= t.is_nested();
           has_quantized_ |= t.is_quantized();
-          const int64_t elements = t.is_nested() ? nested_buffer(t).numel() : t.numel();
+          has_sparse_ |= is_sparse_any(t);
+          const int64_t elements = t.is_nested() ? nested_buffer(t).numel()
+              : is_sparse_any(t)                 ? sparse_stored_elements(t)
+                                                 : t.numel();
           largest_operand_ = std::max(largest_operand_, elements);
         } else if (t.is_cpu() && written) {
           written_host_tensor_ = true;
@@ -217,11 +224,11 @@ class Call {
     return largest_operand_;
   }
 
-  // Whether a nested or quantized openreg tensor is among the arguments
-  // (after check_devices; Note [Nested tensors], Note [Quantized tensors]):
-  // no Meta kernel plans such a call.
+  // Whether a nested, quantized or sparse openreg tensor is among the
+  // arguments (after check_devices; Note [Nested tensors], Note [Quantized
+  // tensors], Note [Sparse tensors]): no Meta kernel plans such a call.
   bool has_wrapped_tensors() const {
-    return has_nested_ || has_quantized_;
+    return has_nested_ || has_quantized_ || has_sparse_;
   }
 
   // The CPU dispatch key the kernel of the call runs under: a call that
@@ -240,7 +247,7 @@ class Call {
     for (size_t i = 0; i < schema_arguments.size() && first_arg + i < stack.size(); ++i) {
       const c10::AliasInfo* alias = schema_arguments[i].alias_info();
       for_each_tensor(stack[first_arg + i], [&](const at::Tensor& t) {
-        info.add(t, alias != nullptr && alias->isWrite());
+        for_each_dense_part(t, [&](const at::Tensor& part) { info.add(part, alias != nullptr && alias->isWrite()); });
       });
     }
     return info;
@@ -262,6 +269,9 @@ class Call {
         if (!t.is_privateuseone()) {
           return t;
         }
+        if (is_sparse_any(t)) {
+          return sparse_cpu_view(t);
+        }
         at::Tensor view = t.is_nested()      ? nested_over(cpu_view(nested_buffer(t)), t)
             : t.is_quantized() ? quantized_over(cpu_view(quantized_bytes(t)), t, at::get_qtensorimpl(t)->quantizer())
                                : cpu_view(t);
@@ -272,7 +282,13 @@ class Call {
     const auto key = has_nested_  ? c10::DispatchKey::NestedTensorCPU
         : has_quantized_          ? c10::DispatchKey::QuantizedCPU
                                   : c10::DispatchKey::CPU;
-    op.redispatchBoxed(c10::DispatchKeySet(key), &stack);
+    // With sparse views, the dispatcher picks the highest of the keys, as
+    // for the same call on CPU tensors (SparseCsrCPU over SparseCPU).
+    c10::DispatchKeySet keys(key);
+    for (const auto& [view, original] : sparse_views_) {
+      keys = keys.add(sparse_cpu_key(view));
+    }
+    op.redispatchBoxed(keys, &stack);
     // Still in the kernel body: quantized results take quantizers of their
     // own while the scales they may view are accessible.
     for (size_t i = stack.size() - num_returns; i < stack.size(); ++i) {
@@ -308,9 +324,9 @@ class Call {
     if (result.is_quantized()) {
       return quantized_to_device(result, device);
     }
-    TORCH_CHECK_NOT_IMPLEMENTED(
-        result.layout() == c10::kStrided, "sparse layouts are not supported on openreg: ", op.operator_name(),
-        " returned a ", result.layout(), " tensor");
+    if (is_sparse_any(result)) {
+      return sparse_to_device(result, device);
+    }
     for (const auto& [view, original] : views_) {
       if (result.unsafeGetTensorImpl() == view.unsafeGetTensorImpl()) {
         if (view.storage().data() != original.storage().data()) {
@@ -381,6 +397,45 @@ class Call {
     return quantized_over(copy_to_device(quantized_bytes(result), device, op.schema().name().c_str()), result, quantizer);
   }
 
+  // The sparse CPU view of the sparse openreg argument `t`: its structure
+  // over CPU views of its members, which views_ maps back.
+  at::Tensor sparse_cpu_view(const at::Tensor& t) {
+    std::vector<at::Tensor> members;
+    for (const at::Tensor& member : sparse_members(t)) {
+      members.push_back(cpu_view(member));
+      views_.emplace_back(members.back(), member);
+    }
+    at::Tensor view = sparse_over(t, members);
+    sparse_views_.emplace_back(view, t);
+    return view;
+  }
+
+  // A sparse CPU result as the openreg tensor it stands for (Note [Sparse
+  // tensors]): each member an argument's member, a view of one, or new
+  // device memory. A sparse argument the op changed takes the new structure.
+  at::Tensor sparse_to_device(const at::Tensor& result, c10::Device device) {
+    std::vector<at::Tensor> members;
+    for (const at::Tensor& member : sparse_members(result)) {
+      members.push_back(to_device_result(member, device));
+    }
+    for (const auto& [view, original] : sparse_views_) {
+      if (result.unsafeGetTensorImpl() != view.unsafeGetTensorImpl()) {
+        continue;
+      }
+      const std::vector<at::Tensor> before = sparse_members(original);
+      bool changed = original.sizes() != result.sizes() || original.layout() != result.layout() ||
+          (is_sparse_coo(result) && coalesced_flag(original) != coalesced_flag(result));
+      for (size_t i = 0; i < members.size(); ++i) {
+        changed |= members[i].unsafeGetTensorImpl() != before[i].unsafeGetTensorImpl();
+      }
+      if (changed) {
+        set_sparse_structure(original, result, members);
+      }
+      return original;
+    }
+    return sparse_over(result, members);
+  }
+
   void note_device(const c10::Device& device) {
     c10::Device indexed = device.has_index() ? device : c10::Device(device.type(), ffi::current_device());
     // The indexed tensor comes first; CUDA names indices on another device so.
@@ -398,9 +453,11 @@ class Call {
   int64_t largest_operand_ = 0;
   bool has_nested_ = false;
   bool has_quantized_ = false;
+  bool has_sparse_ = false;
   bool host_tensor_ = false;
   bool written_host_tensor_ = false;
-  std::vector<std::pair<at::Tensor, at::Tensor>> views_; // (CPU view, openreg original)
+  std::vector<std::pair<at::Tensor, at::Tensor>> views_; // (CPU view, openreg original), dense
+  std::vector<std::pair<at::Tensor, at::Tensor>> sparse_views_; // the same, sparse
 };
 
 // A host tensor argument of a queued kernel is copied at the call, as CUDA
@@ -776,7 +833,7 @@ void run_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool quan
   // A plan's first check is the runtime's own wait, not reported (empty).
   const std::string what = lookup.to_check ? std::string()
       : call.has_wrapped_tensors()
-      ? op.schema().name() + " (the host waits for its results: nested and quantized results are not planned)"
+      ? op.schema().name() + " (the host waits for its results: nested, quantized and sparse results are not planned)"
       : op.schema().name() + " (the host waits for its results: a data-dependent shape or a host value)";
   const bool warned =
       run_in_stream_order(device.index(), what, [&] { call.run_cpu_kernel_on_views(); }, name, accesses);
@@ -788,8 +845,8 @@ void run_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool quan
 
 
 // Whether the call moves data between devices, the host's included, or
-// makes a tensor from host values: a wrapped (nested or quantized) CPU
-// tensor among its arguments, a `device` argument other than its openreg
+// makes a tensor from host values: a wrapped (nested, quantized or sparse)
+// CPU tensor among its arguments, a `device` argument other than its openreg
 // tensors' device (_to_copy to the host or to another openreg device, which
 // makes the result with empty_quantized on that device), or no openreg
 // tensor at all (a factory such as _empty_per_channel_affine_quantized,
@@ -808,7 +865,7 @@ bool crosses_devices(const c10::OperatorHandle& op, const torch::jit::Stack& sta
           : device;
     }
     for_each_tensor(value, [&](const at::Tensor& t) {
-      host_wrapped |= (t.is_nested() || t.is_quantized()) && t.is_cpu();
+      host_wrapped |= (t.is_nested() || t.is_quantized() || is_sparse_any(t)) && t.is_cpu();
       if (!tensor_device && t.is_privateuseone()) {
         tensor_device = t.device();
       }
@@ -884,16 +941,18 @@ void register_fallback(torch::Library& library) {
   library.fallback(torch::CppFunction::makeFromBoxedFunction<&run_fallback>());
 }
 
-// Sparse layouts (COO, CSR/CSC/BSR/BSC) have no openreg kernels: every op
-// that reaches their dispatch keys says so by name, instead of PyTorch's
-// generic "Could not run ... 'Sparseopenreg' backend".
-void reject_sparse(const c10::OperatorHandle& op, torch::jit::Stack*) {
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      false, "sparse layouts are not supported on openreg (", op.operator_name(),
-      "); keep sparse tensors on the CPU or convert them with to_dense() first");
-}
-
 namespace {
+
+// The SparsePrivateUse1 (`cpu_key` SparseCPU) or SparseCsrPrivateUse1
+// (SparseCsrCPU) kernel of every op (Note [Sparse tensors]).
+template <c10::DispatchKey cpu_key>
+void run_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (runs_sparse_kernel_as_is(op.operator_name().name) || crosses_devices(op, *stack)) {
+    run_cpu_kernel_as_is(op, stack, cpu_key);
+    return;
+  }
+  run_fallback_unrecorded(op, stack);
+}
 
 // Calls `fn(op, name)` for every aten op in the dispatcher; `name` is what
 // torch::Library::impl takes ("add.Tensor").
@@ -946,8 +1005,14 @@ void register_quantized_fallback(torch::Library& fallback, torch::Library& quant
       fallback, quantized_aten, c10::DispatchKey::QuantizedCPU, c10::DispatchKey::QuantizedPrivateUse1);
 }
 
-void register_sparse_rejection(torch::Library& library) {
-  library.fallback(torch::CppFunction::makeFromBoxedFunction<&reject_sparse>());
+void register_sparse_fallback(torch::Library& fallback, torch::Library& sparse_aten) {
+  register_wrapped_kernels<&run_sparse<c10::DispatchKey::SparseCPU>>(
+      fallback, sparse_aten, c10::DispatchKey::SparseCPU, c10::DispatchKey::SparsePrivateUse1);
+}
+
+void register_sparse_compressed_fallback(torch::Library& fallback, torch::Library& compressed_aten) {
+  register_wrapped_kernels<&run_sparse<c10::DispatchKey::SparseCsrCPU>>(
+      fallback, compressed_aten, c10::DispatchKey::SparseCsrCPU, c10::DispatchKey::SparseCsrPrivateUse1);
 }
 
 namespace {

@@ -26,7 +26,8 @@
 namespace openreg {
 
 void register_fallback(torch::Library& library);
-void register_sparse_rejection(torch::Library& library);
+void register_sparse_fallback(torch::Library& fallback, torch::Library& sparse_aten);
+void register_sparse_compressed_fallback(torch::Library& fallback, torch::Library& compressed_aten);
 void register_nested_fallback(torch::Library& fallback, torch::Library& nested_aten);
 void register_quantized_fallback(torch::Library& fallback, torch::Library& quantized_aten);
 void register_fallback_kernels(KernelRegistrar& kernels);
@@ -309,9 +310,12 @@ void register_ops() {
   register_quantized_fallback(
       *new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::QuantizedPrivateUse1, __FILE__, __LINE__),
       *new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::QuantizedPrivateUse1, __FILE__, __LINE__));
-  for (auto key : {c10::DispatchKey::SparsePrivateUse1, c10::DispatchKey::SparseCsrPrivateUse1}) {
-    register_sparse_rejection(*new torch::Library(torch::Library::IMPL, "_", key, __FILE__, __LINE__));
-  }
+  register_sparse_fallback(
+      *new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::SparsePrivateUse1, __FILE__, __LINE__),
+      *new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::SparsePrivateUse1, __FILE__, __LINE__));
+  register_sparse_compressed_fallback(
+      *new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::SparseCsrPrivateUse1, __FILE__, __LINE__),
+      *new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::SparseCsrPrivateUse1, __FILE__, __LINE__));
 }
 
 } // namespace openreg

@@ -465,19 +465,6 @@ def test_norms_and_addr_compute_as_cpu(dtype):
         assert torch.equal(case("openreg").cpu(), case("cpu"))
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        pytest.param(lambda: torch.eye(3).to_sparse().to("openreg"), id="coo-to-device"),
-        pytest.param(lambda: torch.eye(3).to_sparse_csr().to("openreg") @ torch.ones(3, 2, device="openreg"), id="csr-matmul"),
-        pytest.param(lambda: torch.eye(3, device="openreg").to_sparse(), id="to_sparse"),
-    ],
-)
-def test_sparse_layouts_raise_by_name(make):
-    with pytest.raises(NotImplementedError, match="sparse layouts are not supported on openreg"):
-        make()
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("activation", [F.silu, F.mish], ids=["silu", "mish"])
 def test_activation_gradients_compute_as_cpu(dtype, activation):
