@@ -74,6 +74,7 @@ fn main() {
         "cpp/device/device_memory.cpp",
         "cpp/ops/ops.cpp",
         "cpp/ops/fallback.cpp",
+        "cpp/ops/sparse_kernels.cpp",
         "cpp/ops/kernel_split.cpp",
         "cpp/ops/dtype_policy.cpp",
         "cpp/ops/meta_results.cpp",

@@ -28,6 +28,7 @@ namespace openreg {
 void register_fallback(torch::Library& library);
 void register_sparse_fallback(torch::Library& fallback, torch::Library& sparse_aten);
 void register_sparse_compressed_fallback(torch::Library& fallback, torch::Library& compressed_aten);
+void register_sparse_kernels(torch::Library& compressed_aten);
 void register_nested_fallback(torch::Library& fallback, torch::Library& nested_aten);
 void register_quantized_fallback(torch::Library& fallback, torch::Library& quantized_aten);
 void register_fallback_kernels(KernelRegistrar& kernels);
@@ -313,9 +314,12 @@ void register_ops() {
   register_sparse_fallback(
       *new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::SparsePrivateUse1, __FILE__, __LINE__),
       *new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::SparsePrivateUse1, __FILE__, __LINE__));
+  auto* compressed_aten =
+      new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::SparseCsrPrivateUse1, __FILE__, __LINE__);
+  register_sparse_kernels(*compressed_aten); // first: the fallback serves the ops left
   register_sparse_compressed_fallback(
       *new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::SparseCsrPrivateUse1, __FILE__, __LINE__),
-      *new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::SparseCsrPrivateUse1, __FILE__, __LINE__));
+      *compressed_aten);
 }
 
 } // namespace openreg
