@@ -204,6 +204,19 @@ def test_uncoalesced_coo_constructor():
     _assert_same(got, want)
 
 
+@pytest.mark.parametrize("check_invariants", [True, False])
+@pytest.mark.parametrize("is_coalesced", [True, False])
+def test_coo_constructor_with_is_coalesced(is_coalesced, check_invariants):
+    """With is_coalesced=True and check_invariants=True the constructor
+    checks that the indices are sorted and unique (flatten_indices)."""
+    indices, values = _cpu_members(torch.sparse_coo)
+    kw = dict(is_coalesced=is_coalesced, check_invariants=check_invariants)
+    want = torch.sparse_coo_tensor(indices, values, (6, 8), **kw)
+    got = torch.sparse_coo_tensor(indices.to(DEV), values.to(DEV), (6, 8), **kw)
+    assert got.is_coalesced() == is_coalesced
+    _assert_same(got, want)
+
+
 FACTORIES = {
     "empty_coo": lambda d: torch.empty(4, 6, layout=torch.sparse_coo, device=d),
     "zeros_coo": lambda d: torch.zeros(4, 6, layout=torch.sparse_coo, device=d),
@@ -278,6 +291,10 @@ CONVERSIONS = {
     "bsr.to_sparse()": lambda x: x.to_sparse_bsr(BLOCK).to_sparse(),
     "bsr.to_sparse_csr()": lambda x: x.to_sparse_bsr(BLOCK).to_sparse_csr(),
     "bsc.to_sparse_bsr(2x2)": lambda x: x.to_sparse_bsc(BLOCK).to_sparse_bsr(BLOCK),
+    "batched dense.to_sparse_csr()": lambda x: x.reshape(2, 3, 8).to_sparse_csr(),
+    "hybrid dense.to_sparse_csr(dense_dim=1)": lambda x: x.reshape(6, 4, 2).to_sparse_csr(dense_dim=1),
+    "hybrid dense.to_sparse_bsr(2x2, dense_dim=1)": lambda x: x.reshape(6, 4, 2).to_sparse_bsr(BLOCK, dense_dim=1),
+    "batched csr.to_dense()": lambda x: x.reshape(2, 3, 8).to_sparse_csr().to_dense(),
     "uncoalesced.to_dense()": lambda x: _uncoalesced(x.device).to_dense(),
     "uncoalesced.to_sparse_csr()": lambda x: _uncoalesced(x.device).to_sparse_csr(),
     "float64 csr": lambda x: x.double().to_sparse_csr(),
