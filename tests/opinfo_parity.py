@@ -14,6 +14,20 @@ fallback takes its queued route (results planned by Meta kernels, Note
   python3 tests/opinfo_parity.py --ops sin,conj --dtypes complex64 -v
   python3 tests/opinfo_parity.py --dtypes all --backward   # with one backward sample per op
   python3 tests/opinfo_parity.py --cuda-dtypes [--busy]    # where CUDA's dtypes differ from CPU's
+  python3 tests/opinfo_parity.py --sparse --dtypes float32,float64   # sparse layouts
+
+With --sparse, the sweep covers the ops op_db declares for sparse layouts
+(supports_sparse, supports_sparse_csr/_csc/_bsr/_bsc), each (op, layout,
+dtype) in a fork, with sparse samples drawn as PyTorch's own tests draw
+them: the op's sparse sample function (OpInfo.sample_inputs_sparse, as
+test_sparse.py's TestSparseAny), and its dense samples in the layout (COO:
+the input's to_sparse(), as test_sparse.py's TestSparseUnaryUfuncs;
+compressed layouts: test_sparse_csr.py's test_consistency conversion), each
+checked by validate_sample_input_sparse (torch.testing._internal.opinfo.
+definitions.sparse). Every sample CPU accepts runs on CPU and, moved with
+.to("openreg"), on openreg; a sparse result must have CPU's layout and
+members (assert_close compares sparse tensors member by member), a dense one
+CPU's values.
 
 With --cuda-dtypes, the sweep covers the (op, dtype) pairs where op_db's
 CUDA dtypes (as on a current GPU: torch_openreg/_op_db.py) differ from its
@@ -368,6 +382,211 @@ def check_op(op, dtype, busy: bool, backward: bool) -> None:
     torch.openreg.synchronize()
 
 
+# ------------------------------------------------------------- sparse layouts
+
+SPARSE_LAYOUTS = {
+    "sparse_coo": torch.sparse_coo,
+    "sparse_csr": torch.sparse_csr,
+    "sparse_csc": torch.sparse_csc,
+    "sparse_bsr": torch.sparse_bsr,
+    "sparse_bsc": torch.sparse_bsc,
+}
+# Per (op, layout, dtype) and per way of drawing them (declared, converted).
+SPARSE_SAMPLES_PER_KIND = 24
+
+
+def declared_sparse_samples(op, layout, dtype):
+    """The op's own sparse samples for the layout (OpInfo.sample_inputs_sparse,
+    already validated by its sample function); none where op_db declares the
+    layout without a sample function for it."""
+    import unittest
+
+    try:
+        yield from op.sample_inputs_sparse(layout, "cpu", dtype)
+    except NotImplementedError as e:
+        if "no sample function specified" not in str(e):
+            raise
+    except unittest.SkipTest:  # "NO SAMPLES!"
+        pass
+
+
+def _smallest_divisor(n: int) -> int:
+    for i in range(2, int(n ** 0.5) + 1):
+        if n % i == 0:
+            return i
+    return n
+
+
+def converted_sparse_samples(op, layout, dtype):
+    """The op's dense samples in the layout, as PyTorch's consistency tests
+    make them: COO, the input's to_sparse() (test_sparse.py,
+    TestSparseUnaryUfuncs); compressed layouts, every tensor of the input's
+    dimensionality (BSR/BSC: with two more, block-divisible) converted with
+    dense_dim = ndim - 2 and the smallest divisors as blocksize
+    (test_sparse_csr.py, test_consistency). Samples validate_sample_input_sparse
+    turns into error inputs are left out."""
+    from torch.testing._internal.opinfo.core import SampleInput
+    from torch.testing._internal.opinfo.definitions.sparse import validate_sample_input_sparse
+
+    for sample in op.sample_inputs("cpu", dtype):
+        if not isinstance(sample.input, torch.Tensor):
+            continue
+        if layout is torch.sparse_coo:
+            sparse_sample = SampleInput(
+                sample.input.clone().to_sparse(), args=sample.args, kwargs=sample.kwargs
+            )
+        else:
+            if sample.input.ndim < 2:
+                continue
+            ndim = sample.input.ndim
+            dense_dim = ndim - 2
+            blocked = layout in (torch.sparse_bsr, torch.sparse_bsc)
+            blocksize = tuple(map(_smallest_divisor, sample.input.shape[:2])) if blocked else None
+
+            def to_sparse(x, ndim=ndim, dense_dim=dense_dim, blocksize=blocksize):
+                if not isinstance(x, torch.Tensor):
+                    return x
+                if blocksize is None:
+                    if x.ndim != ndim:
+                        return x
+                elif x.ndim != ndim + 2 or x.shape[-3] % blocksize[0] or x.shape[-2] % blocksize[1]:
+                    return x
+                return x.clone().to_sparse(layout=layout, blocksize=blocksize, dense_dim=dense_dim)
+
+            sparse_sample = sample.transform(to_sparse)
+        if validate_sample_input_sparse(op, sparse_sample, check_validate=False) is not sparse_sample:
+            continue
+        yield sparse_sample
+
+
+def sparse_layout_samples(op, layout, dtype):
+    """('declared' | 'converted', index, sample) for each sparse sample."""
+    import itertools
+
+    for kind, samples in (
+        ("declared", declared_sparse_samples(op, layout, dtype)),
+        ("converted", converted_sparse_samples(op, layout, dtype)),
+    ):
+        for i, sample in enumerate(itertools.islice(samples, SPARSE_SAMPLES_PER_KIND)):
+            yield kind, i, sample
+
+
+def sparse_members(t: torch.Tensor) -> list:
+    if t.layout == torch.sparse_coo:
+        return [t._indices(), t._values()]
+    compressed, plain = {
+        torch.sparse_csr: (t.crow_indices, t.col_indices),
+        torch.sparse_csc: (t.ccol_indices, t.row_indices),
+        torch.sparse_bsr: (t.crow_indices, t.col_indices),
+        torch.sparse_bsc: (t.ccol_indices, t.row_indices),
+    }[t.layout]
+    return [compressed(), plain(), t.values()]
+
+
+def compare_sparse_aware(got, want, exact_values: bool):
+    """compare(), for results of any layout: a sparse result has CPU's
+    layout, shape, dtype, members on openreg, COO coalesced flag, and
+    (assert_close, which compares sparse tensors member by member: indices
+    exactly, values as assert_close defaults) CPU's members; without
+    `exact_values`, CPU's indices and the values' shape."""
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"got {type(got).__name__}, want a tensor"
+        assert got.device.type == DEV, f"result on {got.device}"
+        assert got.layout == want.layout, f"layout {got.layout}, want {want.layout}"
+        if want.layout == torch.strided:
+            compare(got, want, exact_values)
+            return
+        members = sparse_members(got)
+        assert all(m.device.type == DEV for m in members), f"members on {[str(m.device) for m in members]}"
+        got = got.detach().cpu()
+        want = want.detach()
+        assert got.dtype == want.dtype, f"dtype {got.dtype}, want {want.dtype}"
+        assert got.shape == want.shape, f"shape {tuple(got.shape)}, want {tuple(want.shape)}"
+        assert got.dense_dim() == want.dense_dim(), f"dense_dim {got.dense_dim()}, want {want.dense_dim()}"
+        if want.layout == torch.sparse_coo:
+            assert got.is_coalesced() == want.is_coalesced(), (
+                f"is_coalesced() {got.is_coalesced()}, want {want.is_coalesced()}")
+        if exact_values:
+            torch.testing.assert_close(got, want, equal_nan=True)
+        else:
+            for g, w in zip(sparse_members(got)[:-1], sparse_members(want)[:-1]):
+                torch.testing.assert_close(g, w)
+            assert sparse_members(got)[-1].shape == sparse_members(want)[-1].shape, "values' shape differs"
+    elif isinstance(want, (list, tuple)):
+        assert isinstance(got, (list, tuple)) and len(got) == len(want), "result structure differs"
+        for g, w in zip(got, want):
+            compare_sparse_aware(g, w, exact_values)
+    elif isinstance(want, (int, float, complex, bool)) and exact_values:
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def check_sparse(op, layout, dtype, busy: bool) -> str:
+    """Every sparse sample CPU accepts equals CPU on openreg. Returns how
+    many samples were compared."""
+    compared = 0
+    for kind, i, sample in sparse_layout_samples(op, layout, dtype):
+        try:
+            want = op(sample.input, *sample.args, **sample.kwargs)
+        except Exception:
+            continue  # CPU itself rejects the sample
+        dev_input, dev_args, dev_kwargs = to_device(sample.input), to_device(sample.args), to_device(sample.kwargs)
+        if busy:
+            torch.openreg._sleep(1)
+        try:
+            got = op(dev_input, *dev_args, **dev_kwargs)
+        except Exception as e:
+            raise type(e)(f"{kind} sample {i}: {first_line_of(e)}") from None
+        try:
+            compare_sparse_aware(got, want, values_compared(op.name, sample.kwargs))
+        except AssertionError as e:
+            raise AssertionError(f"{kind} sample {i}: {first_line_of(e)}") from None
+        compared += 1
+    torch.openreg.synchronize()
+    return f"{compared} samples"
+
+
+def first_line_of(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def sweep_sparse(wanted, dtype_names, layout_names, busy: bool, tally: Tally) -> int:
+    """--sparse: each (op, layout, dtype) op_db declares, in a fork, counted
+    per layout."""
+    import warnings
+
+    # PyTorch's notices on every sparse tensor made: noise in the report.
+    warnings.filterwarnings("ignore", message="Sparse (CSR|CSC|BSR|BSC) tensor support is in beta state")
+    warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+    start = time.monotonic()
+    counts = {}
+    for layout_name in layout_names:
+        layout = SPARSE_LAYOUTS[layout_name]
+        for name in dtype_names:
+            dtype = DTYPES[name]
+            ops = [
+                op for op in op_db
+                if (wanted is None or op.name in wanted)
+                and op.supports_sparse_layout(layout)
+                and op.supports_dtype(dtype, "cpu")
+            ]
+            failed_before = tally.failed + tally.unsupported
+            for op in ops:
+                outcome = in_fork(lambda: check_sparse(op, layout, dtype, busy), OP_TIMEOUT_S)
+                tally.record(f"{name:10} {layout_name}:{op.name}.{op.variant_test_name}", outcome)
+            failed = tally.failed + tally.unsupported - failed_before
+            counts[(layout_name, name)] = (len(ops) - failed, failed)
+            print(f"-- {layout_name} {name}: {len(ops) - failed} passed, {failed} failed")
+            sys.stdout.flush()
+    for layout_name in layout_names:
+        passed = sum(p for (l, _), (p, _) in counts.items() if l == layout_name)
+        failed = sum(f for (l, _), (_, f) in counts.items() if l == layout_name)
+        print(f"-- {layout_name}: {passed} passed, {failed} failed")
+    print(f"-- {time.monotonic() - start:.0f} s")
+    print(tally.summary())
+    return 1 if tally.failed or tally.unsupported else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtypes", default="float32", help="comma-separated, or 'all'")
@@ -382,6 +601,11 @@ def main() -> int:
         "--cuda-dtypes", action="store_true",
         help="the pairs where CUDA's dtypes differ from CPU's (instead of --dtypes)",
     )
+    parser.add_argument(
+        "--sparse", action="store_true",
+        help="the ops op_db declares for sparse layouts, on their sparse samples (instead of dense ones)",
+    )
+    parser.add_argument("--layouts", default=",".join(SPARSE_LAYOUTS), help="with --sparse: comma-separated")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()
     wanted = set(args.ops.split(",")) if args.ops else None
@@ -389,6 +613,8 @@ def main() -> int:
     if args.cuda_dtypes:
         return sweep_cuda_dtypes(wanted, args.busy, tally)
     dtypes = list(DTYPES) if args.dtypes == "all" else args.dtypes.split(",")
+    if args.sparse:
+        return sweep_sparse(wanted, dtypes, args.layouts.split(","), args.busy, tally)
     for k, name in enumerate(dtypes):
         dtype = DTYPES[name]
         ops = [
