@@ -261,7 +261,7 @@ def test_metadata_as_on_cpu():
         for attr in ("is_sparse", "is_sparse_csr", "layout", "shape", "dtype"):
             assert getattr(got, attr) == getattr(want, attr), (layout, attr)
         assert (got.sparse_dim(), got.dense_dim(), got._nnz()) == (want.sparse_dim(), want.dense_dim(), want._nnz())
-        assert got.is_openreg if hasattr(got, "is_openreg") else got.device.type == "openreg"
+        assert got.device.type == "openreg" and got.is_openreg
 
 
 # ---------------------------------------------------------------- 2. conversions
