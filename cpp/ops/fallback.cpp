@@ -231,6 +231,13 @@ class Call {
     return has_nested_ || has_quantized_ || has_sparse_;
   }
 
+  // Whether a sparse openreg tensor is among the arguments (after
+  // check_devices): its results may be planned from an earlier call's
+  // (Note [Sparse plans] in meta_results.cpp).
+  bool has_sparse_tensors() const {
+    return has_sparse_;
+  }
+
   // The CPU dispatch key the kernel of the call runs under: a call that
   // reached the fallback through the QuantizedPrivateUse1 key (a quantized
   // factory has no quantized argument) runs the QuantizedCPU kernel.
@@ -350,7 +357,10 @@ class Call {
       }
     }
     for (const auto& [view, original] : views_) {
-      if (result.storage().data() == view.storage().data() && result.storage().nbytes() > 0) {
+      // A view whose storage the kernel moved to fresh CPU memory (by
+      // resizing it) no longer shares the original's: its aliases are fresh.
+      if (result.storage().data() == view.storage().data() && result.storage().nbytes() > 0 &&
+          view.storage().data() == original.storage().data()) {
         at::Tensor alias =
             alias_of(original, result.scalar_type(), result.sizes(), result.strides(), result.storage_offset());
         alias.unsafeGetTensorImpl()->_set_conj(result.is_conj());
@@ -632,9 +642,11 @@ std::optional<OutVariant> out_variant(const c10::OperatorHandle& op) {
 // go to the worker's handler.
 class QueuedKernel {
  public:
-  QueuedKernel(c10::OperatorHandle op, torch::jit::Stack arguments, torch::jit::Stack destinations, CallSplit split,
-               std::shared_ptr<PlanToCheck> check, std::optional<OutVariant> out_variant)
+  QueuedKernel(c10::OperatorHandle op, c10::DispatchKeySet keys, torch::jit::Stack arguments,
+               torch::jit::Stack destinations, CallSplit split, std::shared_ptr<PlanToCheck> check,
+               std::optional<OutVariant> out_variant)
       : op_(std::move(op)),
+        keys_(keys),
         arguments_(std::move(arguments)),
         destinations_(std::move(destinations)),
         split_(std::move(split)),
@@ -685,7 +697,7 @@ class QueuedKernel {
       // Each chunk's results are checked as they fill the planned ones.
       run_chunks(split_.chunks(), [&](size_t i) {
         torch::jit::Stack stack = split_.arguments_part(arguments_, i);
-        op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+        op_.redispatchBoxed(keys_, &stack);
         fill_planned_results(op_, stack, split_.results_part(destinations_, i));
       });
       if (check_) {
@@ -694,7 +706,7 @@ class QueuedKernel {
       return true;
     }
     torch::jit::Stack stack = arguments_; // a kernel may run again (graph replay)
-    op_.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+    op_.redispatchBoxed(keys_, &stack);
     if (check_ && !check_plan(*check_, stack, warnings->any())) {
       return false;
     }
@@ -703,6 +715,7 @@ class QueuedKernel {
   }
 
   c10::OperatorHandle op_;
+  c10::DispatchKeySet keys_; // CPU, and the sparse CPU keys of its sparse operands
   torch::jit::Stack arguments_;
   torch::jit::Stack destinations_;
   CallSplit split_;
@@ -725,9 +738,23 @@ void queue_with_planned_results(
       split = CallSplit();
     }
     torch::jit::Stack arguments(call.stack.begin() + call.first_arg, call.stack.end());
+    c10::DispatchKeySet keys(c10::DispatchKey::CPU);
     for (c10::IValue& value : arguments) {
       retarget_device(value, c10::kCPU);
-      map_tensors(value, [](const at::Tensor& t) { return t.is_privateuseone() ? kernel_operand(t) : host_copy(t); });
+      map_tensors(value, [&](const at::Tensor& t) {
+        if (!t.is_privateuseone()) {
+          return host_copy(t);
+        }
+        if (!is_sparse_any(t)) {
+          return kernel_operand(t);
+        }
+        std::vector<at::Tensor> members; // Note [Sparse plans] in meta_results.cpp
+        for (const at::Tensor& member : sparse_members(t)) {
+          members.push_back(kernel_operand(member));
+        }
+        keys = keys.add(sparse_cpu_key(t));
+        return sparse_over(t, members);
+      });
     }
     torch::jit::Stack destinations = results;
     KernelInfo info = call.accesses();
@@ -735,11 +762,13 @@ void queue_with_planned_results(
       for_each_tensor(value, [&](const at::Tensor& t) { info.add(t, true); });
       map_tensors(value, [](const at::Tensor& t) { return kernel_operand(t); });
     }
+    // The out= variants are CPU (dense) kernels.
     std::optional<OutVariant> out =
-        check || !memory.all_new ? std::nullopt : out_variant(call.op);
+        check || !memory.all_new || keys != c10::DispatchKeySet(c10::DispatchKey::CPU) ? std::nullopt
+                                                                                      : out_variant(call.op);
     queue_kernel(
         device.index(),
-        QueuedKernel(call.op, std::move(arguments), std::move(destinations), std::move(split), std::move(check),
+        QueuedKernel(call.op, keys, std::move(arguments), std::move(destinations), std::move(split), std::move(check),
                      std::move(out)),
         ffi::LaunchMode::Queue, std::move(info));
   }
@@ -801,6 +830,9 @@ void run_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool quan
   // A split call always runs its split kernel (route 2), never another.
   const CallSplit split =
       call.has_wrapped_tensors() ? CallSplit() : CallSplit(op, call.arguments(), call.largest_operand());
+  // An inline run teaches its plan too (Note [Sparse plans] in meta_results.cpp).
+  const std::shared_ptr<PlanToCheck> learn_inline =
+      call.has_sparse_tensors() ? sparse_plan_to_learn(op, call.arguments()) : nullptr;
   if (!split.split() &&
       run_inline(device.index(), call.largest_operand(), [&] { call.run_cpu_kernel_on_views(); }, name, accesses)) {
     if (ffi::stream_has_parked_failure(device.index()) && results_depend_on_data(op)) {
@@ -808,15 +840,19 @@ void run_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool quan
       checked([&] { ffi::report_stream_failure(device.index()); });
     }
     call.results_to_device(device);
+    if (learn_inline) {
+      check_plan(*learn_inline, call.arguments(), /*kernel_warned=*/false);
+    }
     return;
   }
   const bool capturing = checked([&] { return ffi::is_current_stream_capturing(device.index()); });
   if (capturing && queue_graph_kernel(call, device)) {
     return;
   }
-  PlanLookup lookup =
-      call.has_wrapped_tensors() ? PlanLookup() : plan_results(op, call.arguments(), device, /*accept_unchecked=*/capturing);
-  if (!lookup.planned && lookup.to_check && may_use_unchecked(op) &&
+  PlanLookup lookup = call.has_sparse_tensors() ? plan_sparse_results(op, call.arguments(), device)
+      : call.has_wrapped_tensors()                 ? PlanLookup()
+                                                   : plan_results(op, call.arguments(), device, /*accept_unchecked=*/capturing);
+  if (!call.has_sparse_tensors() && !lookup.planned && lookup.to_check && may_use_unchecked(op) &&
       (split.split() || !checked([&] { return ffi::current_stream_idle(device.index()); }))) {
     // Note [Plans checked by the kernel]: no host wait for the check.
     std::shared_ptr<PlanToCheck> check = std::move(lookup.to_check);
@@ -830,10 +866,17 @@ void run_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool quan
     queue_with_planned_results(call, device, *lookup.planned, split, nullptr);
     return;
   }
-  // A plan's first check is the runtime's own wait, not reported (empty).
-  const std::string what = lookup.to_check ? std::string()
+  // A plan's first check is the runtime's own wait, not reported (empty),
+  // except to a capture, which cannot wait: a sparse call's plan is learned
+  // only from an eager call (Note [Sparse plans] in meta_results.cpp).
+  const std::string what = lookup.to_check && call.has_sparse_tensors() && capturing
+      ? op.schema().name() + " (the host waits for its results: a sparse op's result shapes are learned from an "
+                             "eager call with the same arguments' shapes, before the capture)"
+      : lookup.to_check ? std::string()
+      : call.has_sparse_tensors()
+      ? op.schema().name() + " (the host waits for its results: a sparse result's size may depend on the data)"
       : call.has_wrapped_tensors()
-      ? op.schema().name() + " (the host waits for its results: nested, quantized and sparse results are not planned)"
+      ? op.schema().name() + " (the host waits for its results: nested and quantized results are not planned)"
       : op.schema().name() + " (the host waits for its results: a data-dependent shape or a host value)";
   const bool warned =
       run_in_stream_order(device.index(), what, [&] { call.run_cpu_kernel_on_views(); }, name, accesses);
@@ -872,6 +915,16 @@ bool crosses_devices(const c10::OperatorHandle& op, const torch::jit::Stack& sta
     });
   }
   return host_wrapped || !tensor_device || (device_argument && *device_argument != *tensor_device);
+}
+
+// Whether an openreg tensor is among the call's arguments (not so for a
+// factory).
+bool has_openreg_tensor(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  bool found = false;
+  for (const c10::IValue& value : arguments_of(op, stack)) {
+    for_each_tensor(value, [&](const at::Tensor& t) { found |= t.is_privateuseone(); });
+  }
+  return found;
 }
 
 // Runs the CPU kernel of `key` as it is (see crosses_devices), on the
@@ -947,7 +1000,9 @@ namespace {
 // (SparseCsrCPU) kernel of every op (Note [Sparse tensors]).
 template <c10::DispatchKey cpu_key>
 void run_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (runs_sparse_kernel_as_is(op.operator_name().name) || crosses_devices(op, *stack)) {
+  // Other ops with a host sparse tensor among openreg ones are refused by
+  // the fallback's device check.
+  if (runs_sparse_kernel_as_is(op.operator_name().name) || !has_openreg_tensor(op, *stack)) {
     run_cpu_kernel_as_is(op, stack, cpu_key);
     return;
   }

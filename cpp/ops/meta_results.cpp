@@ -19,6 +19,7 @@
 #include "torch_openreg/cpp/device/device_memory.h"
 #include "torch_openreg/cpp/ops/ivalue_tensors.h"
 #include "torch_openreg/cpp/ops/meta_kernels.h"
+#include "torch_openreg/cpp/ops/sparse_tensors.h"
 
 namespace openreg {
 namespace {
@@ -121,7 +122,7 @@ class Key {
 
  private:
   enum Tag : int64_t { kNone = 1, kTensor, kUndefined, kTensorList, kOptionalTensorList, kInt, kDouble, kBool,
-                       kComplex, kIntList, kDoubleList, kBoolList, kString, kDevice };
+                       kComplex, kIntList, kDoubleList, kBoolList, kString, kDevice, kSparse };
 
   bool encode(const c10::IValue& value) {
     if (value.isNone()) {
@@ -183,6 +184,19 @@ class Key {
   void encode(const at::Tensor& t) {
     if (!t.defined()) {
       words_.push_back(kUndefined);
+      return;
+    }
+    if (is_sparse_any(t)) { // its structure, then its members
+      push(kSparse, static_cast<int64_t>(t.layout()));
+      words_.push_back(static_cast<int64_t>(t.device().type()));
+      words_.push_back(t.device().index());
+      words_.push_back(static_cast<int64_t>(t.scalar_type()));
+      words_.push_back(is_sparse_coo(t) && coalesced_flag(t));
+      words_.push_back(t.dim());
+      words_.insert(words_.end(), t.sizes().begin(), t.sizes().end());
+      for (const at::Tensor& member : sparse_members(t)) {
+        encode(member);
+      }
       return;
     }
     push(kTensor, static_cast<int64_t>(t.device().type()));
@@ -336,8 +350,9 @@ std::optional<Plan> plan_with_meta_kernel(const c10::OperatorHandle& op, c10::Ar
 // A plan not yet confirmed by the CPU kernel (see check_plan).
 struct PlanToCheck {
   Key key;
-  SharedPlan plan;
+  SharedPlan plan; // null: a plan to learn from the results (Note [Sparse plans])
   c10::OperatorName op;
+  OpenregTensors arguments; // for a plan to learn: the call's openreg tensors
 };
 
 namespace {
@@ -374,7 +389,7 @@ class PlanCache {
           return found->second.first;
         }
         if (found->second.second == State::Unchecked) {
-          to_check = std::make_shared<PlanToCheck>(PlanToCheck{std::move(key), found->second.first, op.operator_name()});
+          to_check = std::make_shared<PlanToCheck>(PlanToCheck{std::move(key), found->second.first, op.operator_name(), {}});
         }
         return nullptr;
       }
@@ -386,7 +401,7 @@ class PlanCache {
       plans_.clear();
     }
     if (planned) {
-      to_check = std::make_shared<PlanToCheck>(PlanToCheck{key, planned, op.operator_name()});
+      to_check = std::make_shared<PlanToCheck>(PlanToCheck{key, planned, op.operator_name(), {}});
     }
     plans_.emplace(std::move(key), std::make_pair(planned, planned ? State::Unchecked : State::Unusable));
     if (planned && accept_unchecked) {
@@ -446,6 +461,118 @@ PlanCache& plan_cache() {
   return *cache;
 }
 
+// Note [Sparse plans]: no Meta kernel plans a call with sparse arguments
+// (few ops have SparseMeta kernels), but a sparse op whose results are all
+// dense (torch.sparse.mm, addmm, to_dense, a dense tensor plus a sparse one,
+// a sum) gives results whose dtypes and shapes follow from the arguments'
+// metadata: their sizes, layouts, dims, numbers of stored elements and
+// coalesced flags, all in the key. So the first call of each key runs the
+// CPU kernel where the host sees its results (inline on an idle stream, or
+// waited, as a Meta plan's first check is) and the fallback learns the plan
+// from them; later calls of the key are queued with
+// that plan, like any planned call, and their kernels check it (a result
+// of another shape fails the kernel, which the next synchronizing call
+// reports). Not learned: a call with a sparse result (its number of stored
+// elements may depend on the data, as coalesce's and sparse + sparse's do:
+// those wait, as on CUDA), with a result viewing an argument's memory, a
+// non-tensor result, or a kernel that warned.
+class LearnedPlans {
+ public:
+  // The plan of `key`; null if none (yet, or ever: `never` says which).
+  SharedPlan find(const Key& key, bool& never) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = plans_.find(key);
+    never = found != plans_.end() && !found->second;
+    return found == plans_.end() ? nullptr : found->second;
+  }
+
+  void add(Key key, SharedPlan plan) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (plans_.size() >= kMaxPlans) {
+      plans_.clear();
+    }
+    plans_.emplace(std::move(key), std::move(plan));
+  }
+
+ private:
+  static constexpr size_t kMaxPlans = 4096;
+  std::mutex mutex_;
+  std::unordered_map<Key, SharedPlan, KeyHash> plans_;
+};
+
+LearnedPlans& learned_plans() {
+  static auto* plans = new LearnedPlans();
+  return *plans;
+}
+
+// The plan `results` (the call's openreg results) show, if learnable (see
+// the Note).
+SharedPlan learn_plan(const OpenregTensors& arguments, c10::ArrayRef<c10::IValue> results) {
+  const auto aliases_an_argument = [&](const at::Tensor& r) {
+    for (const at::Tensor& a : arguments) {
+      bool shared = false;
+      for_each_dense_part(a, [&](const at::Tensor& part) {
+        shared |= part.has_storage() && r.storage().is_alias_of(part.storage());
+      });
+      if (shared) {
+        return true;
+      }
+    }
+    return false;
+  };
+  std::optional<PlannedTensor> unlearnable;
+  const auto plan_tensor = [&](const at::Tensor& r) -> std::optional<PlannedTensor> {
+    PlannedTensor planned;
+    if (!r.defined()) {
+      return planned;
+    }
+    if (is_sparse_any(r) || r.is_nested() || r.is_quantized()) {
+      return std::nullopt;
+    }
+    planned.dtype = r.scalar_type();
+    planned.sizes = r.sizes().vec();
+    planned.strides = r.strides().vec();
+    planned.storage_offset = r.storage_offset();
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      if (r.unsafeGetTensorImpl() == arguments[i].unsafeGetTensorImpl()) {
+        planned.kind = PlannedTensor::Kind::Argument;
+        planned.argument = i;
+        return planned;
+      }
+    }
+    if (aliases_an_argument(r) || r.storage_offset() != 0) {
+      return std::nullopt;
+    }
+    planned.kind = PlannedTensor::Kind::New;
+    return planned;
+  };
+  Plan plan;
+  for (const c10::IValue& value : results) {
+    PlannedReturn ret;
+    if (value.isTensor()) {
+      ret.kind = PlannedReturn::Kind::Tensor;
+      std::optional<PlannedTensor> t = plan_tensor(value.toTensor());
+      if (!t) {
+        return nullptr;
+      }
+      ret.tensors.push_back(std::move(*t));
+    } else if (value.isTensorList()) {
+      ret.kind = PlannedReturn::Kind::TensorList;
+      for (const at::Tensor& r : value.toTensorList()) {
+        std::optional<PlannedTensor> t = plan_tensor(r);
+        if (!t) {
+          return nullptr;
+        }
+        ret.tensors.push_back(std::move(*t));
+      }
+    } else if (!value.isNone()) {
+      return nullptr;
+    }
+    plan.push_back(std::move(ret));
+  }
+  return std::make_shared<const Plan>(std::move(plan));
+}
+
 bool same_geometry(const at::Tensor& t, const PlannedTensor& planned) {
   return t.sizes() == c10::IntArrayRef(planned.sizes) && t.strides() == c10::IntArrayRef(planned.strides) &&
       t.storage_offset() == planned.storage_offset;
@@ -485,6 +612,31 @@ at::Tensor materialize(const PlannedTensor& planned, const OpenregTensors& argum
   TORCH_CHECK(false, "unreachable");
 }
 
+PlannedResults materialize_plan(const Plan& plan, const OpenregTensors& tensors, c10::Device device) {
+  c10::DeviceGuard guard(device);
+  PlannedResults planned;
+  for (const PlannedReturn& ret : plan) {
+    switch (ret.kind) {
+      case PlannedReturn::Kind::None:
+        planned.results.emplace_back();
+        break;
+      case PlannedReturn::Kind::Tensor:
+        planned.results.emplace_back(materialize(ret.tensors.at(0), tensors, planned.any_fresh));
+        break;
+      case PlannedReturn::Kind::TensorList: {
+        c10::List<at::Tensor> list;
+        for (const PlannedTensor& t : ret.tensors) {
+          list.push_back(materialize(t, tensors, planned.any_fresh));
+        }
+        planned.results.emplace_back(std::move(list));
+        break;
+      }
+    }
+  }
+  return planned;
+}
+
+
 } // namespace
 
 PlanLookup plan_results(
@@ -504,33 +656,59 @@ PlanLookup plan_results(
     }
   }
   const SharedPlan plan = plan_cache().find(op, arguments, lookup.to_check, accept_unchecked);
-  if (!plan) {
-    return lookup;
-  }
-  c10::DeviceGuard guard(device);
-  PlannedResults& planned = lookup.planned.emplace();
-  for (const PlannedReturn& ret : *plan) {
-    switch (ret.kind) {
-      case PlannedReturn::Kind::None:
-        planned.results.emplace_back();
-        break;
-      case PlannedReturn::Kind::Tensor:
-        planned.results.emplace_back(materialize(ret.tensors.at(0), tensors, planned.any_fresh));
-        break;
-      case PlannedReturn::Kind::TensorList: {
-        c10::List<at::Tensor> list;
-        for (const PlannedTensor& t : ret.tensors) {
-          list.push_back(materialize(t, tensors, planned.any_fresh));
-        }
-        planned.results.emplace_back(std::move(list));
-        break;
-      }
-    }
+  if (plan) {
+    lookup.planned = materialize_plan(*plan, tensors, device);
   }
   return lookup;
 }
 
+namespace {
+
+// The learned plan of a call with sparse arguments, or else (`to_learn`)
+// the plan to learn from its results, if any may be.
+SharedPlan find_learned_plan(
+    const c10::OperatorHandle& op,
+    c10::ArrayRef<c10::IValue> arguments,
+    std::shared_ptr<PlanToCheck>& to_learn) {
+  if (results_depend_on_data(op) || !std::none_of(op.schema().arguments().begin(), op.schema().arguments().end(),
+                                                 [](const c10::Argument& a) { return is_generator(a.type()); })) {
+    return nullptr;
+  }
+  Key key;
+  if (!key.encode(op, arguments)) {
+    return nullptr;
+  }
+  bool never = false;
+  SharedPlan plan = learned_plans().find(key, never);
+  if (!plan && !never) {
+    to_learn =
+        std::make_shared<PlanToCheck>(PlanToCheck{std::move(key), nullptr, op.operator_name(), openreg_tensors(arguments)});
+  }
+  return plan;
+}
+
+} // namespace
+
+PlanLookup plan_sparse_results(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, c10::Device device) {
+  PlanLookup lookup;
+  if (const SharedPlan plan = find_learned_plan(op, arguments, lookup.to_check)) {
+    lookup.planned = materialize_plan(*plan, openreg_tensors(arguments), device);
+  }
+  return lookup;
+}
+
+std::shared_ptr<PlanToCheck> sparse_plan_to_learn(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+  std::shared_ptr<PlanToCheck> to_learn;
+  find_learned_plan(op, arguments, to_learn);
+  return to_learn;
+}
+
+
 bool check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results, bool kernel_warned) {
+  if (!check.plan) { // Note [Sparse plans]
+    learned_plans().add(check.key, kernel_warned ? nullptr : learn_plan(check.arguments, results));
+    return true;
+  }
   // A planned tensor matches a result of the same dtype and sizes; a view
   // (not computed, so not copied) must match its geometry too. A result
   // with a lazy conjugate or negative bit (linalg_lu_solve(left=False)

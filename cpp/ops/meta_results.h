@@ -62,6 +62,16 @@ PlanLookup plan_results(
     c10::Device device,
     bool accept_unchecked = false);
 
+// The results of a call with sparse arguments, if a plan learned from an
+// earlier call of the same key knows them (Note [Sparse plans] in
+// meta_results.cpp); otherwise maybe a plan to learn: the caller runs the op
+// itself and passes its openreg results to check_plan, which learns it.
+PlanLookup plan_sparse_results(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, c10::Device device);
+
+// For a call with sparse arguments that will run inline: the plan to learn
+// from its results (passed to check_plan), if none is known yet.
+std::shared_ptr<PlanToCheck> sparse_plan_to_learn(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments);
+
 // Whether the host needs `op`'s data to have its results: a shape that
 // depends on the data (nonzero) or a result that is no tensor (a bool, a
 // number). The fallback's inline route is then a wait the user asked for.

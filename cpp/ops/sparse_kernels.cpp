@@ -8,6 +8,12 @@
 // computes them by the dense route, the compressed operand made dense on
 // the device, with CUDA's argument checks first.
 //
+// One DispatchStub: the sparse constructors' argument checks are native
+// functions the Python binding calls directly, not through the dispatcher;
+// with is_coalesced=True, the COO check flattens the indices through
+// flatten_indices_stub, which openreg registers (with dense ops on the
+// device, as CUDA's kernel computes on its device).
+//
 // CPU-only (SparseCsrCPU kernels without a SparseCsrCUDA one; in torch 2.15
 // _sparse_mm_reduce_impl and its backward, torch.sparse.mm(csr, dense,
 // reduce)): refused as CUDA refuses them, with NotImplementedError. is_pinned
@@ -19,13 +25,36 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/baddbmm.h>
 #include <ATen/ops/bmm.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/native/DispatchStub.h>
 #include <ATen/ops/linalg_solve.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/tensor.h>
 #include <torch/library.h>
 
 #include "torch_openreg/cpp/ops/sparse_tensors.h"
 
+// Declared in aten/src/ATen/native/sparse/FlattenIndicesCommon.h, which the
+// wheel does not ship; the stub itself is exported by libtorch_cpu.
+namespace at::native {
+using flatten_indices_fn = at::Tensor (*)(const at::Tensor& indices, c10::IntArrayRef size);
+DECLARE_DISPATCH(flatten_indices_fn, flatten_indices_stub)
+} // namespace at::native
+
 namespace openreg {
 namespace {
+
+// Each column of `indices` (sparse_dim x nnz) as one row-major index into
+// `size`'s sparse dims.
+at::Tensor flatten_indices(const at::Tensor& indices, c10::IntArrayRef size) {
+  const int64_t sparse_dim = indices.size(0);
+  std::vector<int64_t> strides(sparse_dim, 1);
+  for (int64_t d = sparse_dim - 2; d >= 0; --d) {
+    strides[d] = strides[d + 1] * size[d + 1];
+  }
+  const at::Tensor weights = at::tensor(strides, indices.options().device(c10::kCPU)).to(indices.device());
+  return (indices * weights.unsqueeze(1)).sum(0);
+}
 
 // `compressed`, a sparse compressed operand of `op`, made dense.
 at::Tensor dense_operand(const at::Tensor& compressed, const char* op) {
@@ -74,6 +103,13 @@ void refuse_cpu_only(const c10::OperatorHandle& op, torch::jit::Stack*) {
 }
 
 } // namespace
+} // namespace openreg
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(flatten_indices_stub, &openreg::flatten_indices)
+} // namespace at::native
+
+namespace openreg {
 
 void register_sparse_kernels(torch::Library& compressed_aten) {
   compressed_aten.impl("bmm.out", TORCH_FN(bmm_out));

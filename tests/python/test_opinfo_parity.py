@@ -36,6 +36,9 @@ KNOWN_FAILURES = {
         for variant in ("chunked", "chunked_none")
     },
     **{f"{dtype} nn.functional.scaled_dot_product_attention.": THREE_D_ATTENTION for dtype in ("float16", "bfloat16")},
+    "sparse.mm.reduce": (
+        "refused as CUDA refuses it: aten::_sparse_mm_reduce_impl has a SparseCsrCPU kernel and no SparseCsrCUDA one "
+        "in torch 2.15's dispatcher (cpp/ops/sparse_kernels.cpp), although op_db declares CUDA dtypes for the OpInfo"),
 }
 
 FFT_HALF = (
@@ -57,7 +60,9 @@ CUDA_ONLY_FAILURES = {
     **{f"cuda-only:{op}.": (
         "CPU's nansum refuses complex inputs in every dtype (there is no wider complex dtype it accepts), so "
         "there is neither a wider computation nor a CPU reference") for op in ("nansum", "nanmean")},
-    "cuda-only:sparse.sampled_addmm.": "sparse layouts are not supported on openreg",
+    "cuda-only:sparse.sampled_addmm.": (
+        "CPU's sparse_sampled_addmm refuses float16/bfloat16 and no dtype rule covers sparse kernels yet: "
+        "sparse ops keep the CPU kernels' dtypes (issue 47, part 4)"),
     **{f"cuda-only:torch.ops.aten.{op}.": (
         "a CUDA-only operator without a CPU kernel at all (an operator, not a dtype, CUDA has): openreg's "
         "fused attention is _scaled_dot_product_fused_attention_overrideable (Note [Accelerator-only ops])")
