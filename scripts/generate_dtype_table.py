@@ -5,7 +5,10 @@ Note [Dtype policy] in cpp/ops/dtype_policy.h says what the table does. It is
 derived here, never written by hand: every sample of every OpInfo runs on
 openreg at every dtype PyTorch declares for it on CPU or CUDA (CUDA as on a
 current GPU: torch_openreg/_op_db.py), forward and, at floating and complex
-dtypes, backward too, under OPENREG_DTYPES=record, which
+dtypes, backward too, and every sparse sample of every layout it declares
+(forward only; Note [Sparse dtype rules] in cpp/ops/dtype_policy.h: a sparse
+kernel's rules are named "<op>/Sparse" or "<op>/SparseCsr"), under
+OPENREG_DTYPES=record, which
 notes the (aten op, dtype) of each kernel call the sample reaches and
 computes a dtype the CPU kernel refuses in the first wider dtype it accepts.
 Then, per (aten op, dtype):
@@ -53,7 +56,7 @@ def derive():
     warnings.simplefilter("ignore")  # the samples' own deprecation warnings
     import torch
     import torch_openreg
-    from torch_openreg._op_db import c10_name, cpu_dtypes, cuda_dtypes, load_op_db
+    from torch_openreg._op_db import c10_name, cpu_dtypes, cuda_dtypes, load_op_db, sparse_layout_samples
 
     record = torch_openreg._C._recorded_kernel_dtypes
     op_db = load_op_db()
@@ -73,6 +76,14 @@ def derive():
                 for sample in _samples(op, dtype, requires_grad):
                     record()  # the sample's own making is not the op's
                     _run(op, sample, requires_grad)
+                    calls |= {tuple(line.split("\t")) for line in record().splitlines()}
+            for layout in _SPARSE_LAYOUTS:
+                if not op.supports_sparse_layout(getattr(torch, layout)):
+                    continue
+                for _, _, sample in _drawn(sparse_layout_samples, op, getattr(torch, layout), dtype):
+                    sample = sample.transform(lambda x: x.to("openreg") if isinstance(x, torch.Tensor) else x)
+                    record()
+                    _run(op, sample, False)
                     calls |= {tuple(line.split("\t")) for line in record().splitlines()}
             if dtype in cuda:
                 allowed |= {(name, dt) for name, dt, _ in calls}
@@ -164,8 +175,20 @@ def _aten_names(op) -> set:
 
 
 def _base_name(aten_op: str) -> str:
-    """'add' for 'aten::add.out'."""
-    return aten_op.split("::")[-1].split(".")[0]
+    """'add' for 'aten::add.out' (and for a sparse kernel's 'aten::add.out/Sparse')."""
+    return aten_op.split("::")[-1].split("/")[0].split(".")[0]
+
+
+_SPARSE_LAYOUTS = ("sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc")
+
+
+def _drawn(samples, *args):
+    """`samples(*args)`, ending quietly where drawing them fails (a sample
+    function refusing the dtype)."""
+    try:
+        yield from samples(*args)
+    except Exception:
+        return
 
 
 def _samples(op, dtype, requires_grad: bool):

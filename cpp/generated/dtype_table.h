@@ -17,7 +17,7 @@ struct DtypeRule {
   c10::ScalarType compute;
 };
 
-inline constexpr std::array<DtypeRule, 232> kDtypeRules{{
+inline constexpr std::array<DtypeRule, 264> kDtypeRules{{
     // CUDA computes ComplexHalf: fft.fft, fft.fft2, fft.fftn, fft.hfft2, ...
     {"aten::_fft_c2c", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: fft.hfft, fft.hfft2, fft.hfftn, fft.irfft, ...
@@ -60,6 +60,10 @@ inline constexpr std::array<DtypeRule, 232> kDtypeRules{{
     {"aten::_upsample_bilinear2d_aa_backward.grad_input", c10::ScalarType::Half, c10::ScalarType::Float},
     // CUDA computes Bool: abs, nn.functional.softsign
     {"aten::abs.out", c10::ScalarType::Bool, c10::ScalarType::Byte},
+    // CUDA computes Bool: abs
+    {"aten::abs/Sparse", c10::ScalarType::Bool, c10::ScalarType::Byte},
+    // CUDA computes Bool: abs
+    {"aten::abs/SparseCsr", c10::ScalarType::Bool, c10::ScalarType::Byte},
     // CUDA computes ComplexHalf: acos
     {"aten::acos", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: acos
@@ -120,22 +124,40 @@ inline constexpr std::array<DtypeRule, 232> kDtypeRules{{
     {"aten::addmv.out", c10::ScalarType::Short, c10::ScalarType::Undefined},
     // CUDA computes ComplexHalf: angle
     {"aten::angle", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: angle
+    {"aten::angle/SparseCsr", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: asin
     {"aten::asin", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: asin
     {"aten::asin.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: asin
+    {"aten::asin/Sparse", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: asin
+    {"aten::asin/SparseCsr", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: asinh
     {"aten::asinh", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: asinh
     {"aten::asinh.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: asinh
+    {"aten::asinh/Sparse", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: asinh
+    {"aten::asinh/SparseCsr", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: atan
     {"aten::atan", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: atan
     {"aten::atan.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: atan
+    {"aten::atan/Sparse", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: atan
+    {"aten::atan/SparseCsr", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: atanh
     {"aten::atanh", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: atanh
     {"aten::atanh.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: atanh
+    {"aten::atanh/Sparse", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: atanh
+    {"aten::atanh/SparseCsr", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA refuses Long: nn.functional.avg_pool1d, nn.functional.avg_pool2d, nn.functional.local_response_norm
     {"aten::avg_pool2d", c10::ScalarType::Long, c10::ScalarType::Undefined},
     // CUDA refuses Long: nn.functional.avg_pool1d, nn.functional.avg_pool2d, nn.functional.local_response_norm
@@ -342,6 +364,10 @@ inline constexpr std::array<DtypeRule, 232> kDtypeRules{{
     {"aten::mm.out", c10::ScalarType::Long, c10::ScalarType::Undefined},
     // CUDA refuses Short: __rmatmul__, linalg.multi_dot, matmul, mm, ...
     {"aten::mm.out", c10::ScalarType::Short, c10::ScalarType::Undefined},
+    // CUDA computes BFloat16: sparse.sampled_addmm
+    {"aten::mm/SparseCsr", c10::ScalarType::BFloat16, c10::ScalarType::Float},
+    // CUDA computes Half: sparse.sampled_addmm
+    {"aten::mm/SparseCsr", c10::ScalarType::Half, c10::ScalarType::Float},
     // CUDA computes BFloat16: nn.functional.multi_margin_loss
     {"aten::multi_margin_loss", c10::ScalarType::BFloat16, c10::ScalarType::Float},
     // CUDA computes Half: nn.functional.multi_margin_loss
@@ -422,6 +448,14 @@ inline constexpr std::array<DtypeRule, 232> kDtypeRules{{
     {"aten::scatter.value_out", c10::ScalarType::Float8_e5m2, c10::ScalarType::Float},
     // CUDA computes Float8_e5m2fnuz: scatter
     {"aten::scatter.value_out", c10::ScalarType::Float8_e5m2fnuz, c10::ScalarType::Float},
+    // CUDA computes Byte: masked.amax, masked.amin
+    {"aten::segment_reduce", c10::ScalarType::Byte, c10::ScalarType::Double},
+    // CUDA computes Char: masked.amax, masked.amin
+    {"aten::segment_reduce", c10::ScalarType::Char, c10::ScalarType::Double},
+    // CUDA computes Int: masked.amax, masked.amin
+    {"aten::segment_reduce", c10::ScalarType::Int, c10::ScalarType::Double},
+    // CUDA computes Short: masked.amax, masked.amin
+    {"aten::segment_reduce", c10::ScalarType::Short, c10::ScalarType::Double},
     // CUDA computes ComplexHalf: sigmoid
     {"aten::sigmoid", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: sigmoid
@@ -434,26 +468,56 @@ inline constexpr std::array<DtypeRule, 232> kDtypeRules{{
     {"aten::sin", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: cos, sin
     {"aten::sin.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: sin
+    {"aten::sin/Sparse", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: sin
+    {"aten::sin/SparseCsr", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: cosh, sinh
     {"aten::sinh", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: cosh, sinh
     {"aten::sinh.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: sinh
+    {"aten::sinh/Sparse", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: sinh
+    {"aten::sinh/SparseCsr", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes BFloat16: sparse.sampled_addmm
+    {"aten::sparse_sampled_addmm/SparseCsr", c10::ScalarType::BFloat16, c10::ScalarType::Float},
+    // CUDA computes Half: sparse.sampled_addmm
+    {"aten::sparse_sampled_addmm/SparseCsr", c10::ScalarType::Half, c10::ScalarType::Float},
     // CUDA computes ComplexHalf: sqrt
     {"aten::sqrt", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: sqrt
     {"aten::sqrt.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: sqrt
+    {"aten::sqrt/Sparse", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: sqrt
+    {"aten::sqrt/SparseCsr", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: add, block_diag, div.no_rounding_mode, index_fill, ...
     {"aten::sum.IntList_out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: add, block_diag, div.no_rounding_mode, index_fill, ...
     {"aten::sum.dim_IntList", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: sum
+    {"aten::sum.dim_IntList/Sparse", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: sum
+    {"aten::sum/Sparse", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: sum
+    {"aten::sum/SparseCsr", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: tan
     {"aten::tan", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: tan
     {"aten::tan.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: tan
+    {"aten::tan/Sparse", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: tan
+    {"aten::tan/SparseCsr", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: tanh
     {"aten::tanh", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: tanh
     {"aten::tanh.out", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: tanh
+    {"aten::tanh/Sparse", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
+    // CUDA computes ComplexHalf: tanh
+    {"aten::tanh/SparseCsr", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: tanh
     {"aten::tanh_backward", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: tanh

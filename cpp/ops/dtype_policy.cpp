@@ -230,11 +230,15 @@ std::vector<ScalarType> wider_dtypes(ScalarType dtype) {
 // or a NotImplementedError in other words that name the dtype or, for a
 // complex one, complex inputs or its component type (the FFT's "Unsupported
 // dtype Half", nansum's "does not support complex inputs", MKL's "MKL FFT
-// doesn't support tensors of type: Half" for a ComplexHalf transform).
+// doesn't support tensors of type: Half" for a ComplexHalf transform), or a
+// kernel's own dtype check that names it as what it got
+// (sparse_sampled_addmm's "Expected self to be a floating-point or complex
+// tensor, but got BFloat16").
 bool refuses(const c10::Error& e, ScalarType dtype) {
   const std::string_view what = e.what_without_backtrace();
   const std::string name = c10::toString(dtype);
-  if (what.find("not implemented for '" + name + "'") != std::string_view::npos) {
+  if (what.find("not implemented for '" + name + "'") != std::string_view::npos ||
+      what.ends_with("but got " + name)) {
     return true;
   }
   if (dynamic_cast<const c10::NotImplementedError*>(&e) == nullptr) {
@@ -258,8 +262,9 @@ bool returns_view(const c10::OperatorHandle& op) {
   return false;
 }
 
-void record(const c10::OperatorHandle& op, ScalarType dtype, ScalarType computed) {
-  ffi::record_kernel_dtype(c10::toString(op.operator_name()), c10::toString(dtype), c10::toString(computed));
+void record(const c10::OperatorHandle& op, const char* layout, ScalarType dtype, ScalarType computed) {
+  ffi::record_kernel_dtype(
+      c10::toString(op.operator_name()) + layout, c10::toString(dtype), c10::toString(computed));
 }
 
 // A kernel registered under OPENREG_DTYPES=record.
@@ -289,7 +294,8 @@ void run_recorded(
     const c10::KernelFunction& kernel,
     const c10::OperatorHandle& op,
     c10::DispatchKeySet keys,
-    torch::jit::Stack* stack) {
+    torch::jit::Stack* stack,
+    const char* layout) {
   const std::optional<ScalarType> dtype = dispatch_dtype(op, *stack);
   if (!dtype) {
     kernel.callBoxed(op, keys, stack);
@@ -303,7 +309,7 @@ void run_recorded(
   };
   try {
     kernel.callBoxed(op, keys, stack);
-    record(op, *dtype, *dtype);
+    record(op, layout, *dtype, *dtype);
     return;
   } catch (const c10::Error& e) {
     if (!refuses(e, *dtype) || returns_view(op)) {
@@ -313,7 +319,7 @@ void run_recorded(
       restore_arguments();
       try {
         run_widened(kernel, op, keys, stack, *dtype, wide);
-        record(op, *dtype, wide);
+        record(op, layout, *dtype, wide);
         return;
       } catch (const c10::Error& wider) {
         if (!refuses(wider, wide)) {
@@ -358,6 +364,9 @@ void KernelRegistrar::finish() {
     return;
   }
   for (const auto& [name, rules] : rules_by_op()) {
+    if (name.find('/') != std::string::npos) {
+      continue; // a sparse kernel's (Note [Sparse dtype rules]): fallback.cpp registers it
+    }
     if (!aten_op(name).hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
       fallback(name); // served by the backend fallback until now
     }

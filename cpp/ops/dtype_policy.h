@@ -41,8 +41,17 @@ namespace openreg {
 // Undefined refuses the call, any other dtype is the one it computes in.
 using OpRules = std::array<std::optional<c10::ScalarType>, static_cast<size_t>(c10::ScalarType::NumOptions)>;
 
-// The table's rules for `name` ("mm.out"); null when it has none or the
-// policy is not OPENREG_DTYPES=cuda.
+// Note [Sparse dtype rules]: the sparse kernels (Note [Sparse tensors] in
+// sparse_tensors.h) follow the policy as the dense ones do, with rules of
+// their own: CPU's and CUDA's sparse kernels of an op support other dtypes
+// than its dense kernels (sparse_sampled_addmm: float16 on CUDA only). The
+// table names them by op and key, "sparse_sampled_addmm/SparseCsr" or
+// "mul.Tensor/Sparse", derived from op_db's sparse samples.
+inline constexpr const char* kSparseRules = "/Sparse";
+inline constexpr const char* kSparseCompressedRules = "/SparseCsr";
+
+// The table's rules for `name` ("mm.out", "mm/Sparse"); null when it has
+// none or the policy is not OPENREG_DTYPES=cuda.
 const OpRules* dtype_rules(const std::string& name);
 
 // `kernel` behind the dtype check of `rules`, as a boxed kernel.
@@ -149,12 +158,14 @@ class KernelRegistrar {
 };
 
 // OPENREG_DTYPES=record: the backend fallback runs through `run_recorded`
-// (see the Note).
+// (see the Note). `layout` names the sparse kernels a call reached ("" for
+// dense ones): Note [Sparse dtype rules].
 void run_recorded(
     const c10::KernelFunction& kernel,
     const c10::OperatorHandle& op,
     c10::DispatchKeySet keys,
-    torch::jit::Stack* stack);
+    torch::jit::Stack* stack,
+    const char* layout = "");
 
 // The boxed fallback (cpp/ops/fallback.cpp): run_fallback records under
 // OPENREG_DTYPES=record, run_fallback_unrecorded never does.

@@ -997,9 +997,10 @@ void register_fallback(torch::Library& library) {
 namespace {
 
 // The SparsePrivateUse1 (`cpu_key` SparseCPU) or SparseCsrPrivateUse1
-// (SparseCsrCPU) kernel of every op (Note [Sparse tensors]).
+// (SparseCsrCPU) kernel of every op (Note [Sparse tensors]), outside the
+// dtype policy.
 template <c10::DispatchKey cpu_key>
-void run_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void run_sparse_unrecorded(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // Other ops with a host sparse tensor among openreg ones are refused by
   // the fallback's device check.
   if (runs_sparse_kernel_as_is(op.operator_name().name) || !has_openreg_tensor(op, *stack)) {
@@ -1007,6 +1008,24 @@ void run_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return;
   }
   run_fallback_unrecorded(op, stack);
+}
+
+// The suffix of the dtype rules of `cpu_key`'s kernels (Note [Sparse dtype
+// rules] in dtype_policy.h).
+constexpr const char* sparse_rules(c10::DispatchKey cpu_key) {
+  return cpu_key == c10::DispatchKey::SparseCPU ? kSparseRules : kSparseCompressedRules;
+}
+
+// run_sparse_unrecorded, recorded under OPENREG_DTYPES=record.
+template <c10::DispatchKey cpu_key>
+void run_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (recording_dtypes()) {
+    static const c10::KernelFunction kernel =
+        c10::KernelFunction::makeFromBoxedFunction<&run_sparse_unrecorded<cpu_key>>();
+    run_recorded(kernel, op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), stack, sparse_rules(cpu_key));
+    return;
+  }
+  run_sparse_unrecorded<cpu_key>(op, stack);
 }
 
 // Calls `fn(op, name)` for every aten op in the dispatcher; `name` is what
@@ -1060,14 +1079,35 @@ void register_quantized_fallback(torch::Library& fallback, torch::Library& quant
       fallback, quantized_aten, c10::DispatchKey::QuantizedCPU, c10::DispatchKey::QuantizedPrivateUse1);
 }
 
+namespace {
+
+// The sparse kernels (register_wrapped_kernels), each behind the dtype check
+// of its rules where the table has them (Note [Sparse dtype rules]).
+template <c10::DispatchKey cpu_key, c10::DispatchKey openreg_key>
+void register_sparse_kernels_of(torch::Library& fallback, torch::Library& aten) {
+  fallback.fallback(torch::CppFunction::makeFromBoxedFunction<&run_sparse<cpu_key>>());
+  for_each_aten_op([&](const c10::OperatorHandle& op, const std::string& name) {
+    if (!op.hasKernelForDispatchKey(cpu_key) || op.hasKernelForDispatchKey(openreg_key)) {
+      return;
+    }
+    if (const OpRules* rules = dtype_rules(name + sparse_rules(cpu_key))) {
+      aten.impl(name.c_str(), torch::CppFunction::makeFromBoxedKernel(dtype_checked(
+                                  c10::KernelFunction::makeFromBoxedFunction<&run_sparse_unrecorded<cpu_key>>(), *rules)));
+    } else {
+      aten.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_sparse<cpu_key>>());
+    }
+  });
+}
+
+} // namespace
+
 void register_sparse_fallback(torch::Library& fallback, torch::Library& sparse_aten) {
-  register_wrapped_kernels<&run_sparse<c10::DispatchKey::SparseCPU>>(
-      fallback, sparse_aten, c10::DispatchKey::SparseCPU, c10::DispatchKey::SparsePrivateUse1);
+  register_sparse_kernels_of<c10::DispatchKey::SparseCPU, c10::DispatchKey::SparsePrivateUse1>(fallback, sparse_aten);
 }
 
 void register_sparse_compressed_fallback(torch::Library& fallback, torch::Library& compressed_aten) {
-  register_wrapped_kernels<&run_sparse<c10::DispatchKey::SparseCsrCPU>>(
-      fallback, compressed_aten, c10::DispatchKey::SparseCsrCPU, c10::DispatchKey::SparseCsrPrivateUse1);
+  register_sparse_kernels_of<c10::DispatchKey::SparseCsrCPU, c10::DispatchKey::SparseCsrPrivateUse1>(
+      fallback, compressed_aten);
 }
 
 namespace {

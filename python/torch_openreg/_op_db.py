@@ -70,3 +70,87 @@ def _c10_names(torch) -> dict:
         torch.uint16: "UInt16", torch.uint32: "UInt32", torch.uint64: "UInt64",
         torch.float8_e8m0fnu: "Float8_e8m0fnu", torch.bcomplex32: "BComplex32",
     }
+
+
+# Per (op, layout, dtype) and per way of drawing them (declared, converted).
+SPARSE_SAMPLES_PER_KIND = 24
+
+
+def _declared_sparse_samples(op, layout, dtype):
+    """The op's own sparse samples for the layout (OpInfo.sample_inputs_sparse,
+    already validated by its sample function); none where op_db declares the
+    layout without a sample function for it."""
+    import unittest
+
+    try:
+        yield from op.sample_inputs_sparse(layout, "cpu", dtype)
+    except NotImplementedError as e:
+        if "no sample function specified" not in str(e):
+            raise
+    except unittest.SkipTest:  # "NO SAMPLES!"
+        pass
+
+
+def _smallest_divisor(n: int) -> int:
+    for i in range(2, int(n ** 0.5) + 1):
+        if n % i == 0:
+            return i
+    return n
+
+
+def _converted_sparse_samples(op, layout, dtype):
+    """The op's dense samples in the layout, as PyTorch's consistency tests
+    make them: COO, the input's to_sparse() (test_sparse.py,
+    TestSparseUnaryUfuncs); compressed layouts, every tensor of the input's
+    dimensionality (BSR/BSC: with two more, block-divisible) converted with
+    dense_dim = ndim - 2 and the smallest divisors as blocksize
+    (test_sparse_csr.py, test_consistency). Samples validate_sample_input_sparse
+    turns into error inputs are left out."""
+    import torch
+    from torch.testing._internal.opinfo.core import SampleInput
+    from torch.testing._internal.opinfo.definitions.sparse import validate_sample_input_sparse
+
+    for sample in op.sample_inputs("cpu", dtype):
+        if not isinstance(sample.input, torch.Tensor):
+            continue
+        if layout is torch.sparse_coo:
+            sparse_sample = SampleInput(
+                sample.input.clone().to_sparse(), args=sample.args, kwargs=sample.kwargs
+            )
+        else:
+            if sample.input.ndim < 2:
+                continue
+            ndim = sample.input.ndim
+            dense_dim = ndim - 2
+            blocked = layout in (torch.sparse_bsr, torch.sparse_bsc)
+            blocksize = tuple(map(_smallest_divisor, sample.input.shape[:2])) if blocked else None
+
+            def to_sparse(x, ndim=ndim, dense_dim=dense_dim, blocksize=blocksize):
+                if not isinstance(x, torch.Tensor):
+                    return x
+                if blocksize is None:
+                    if x.ndim != ndim:
+                        return x
+                elif x.ndim != ndim + 2 or x.shape[-3] % blocksize[0] or x.shape[-2] % blocksize[1]:
+                    return x
+                return x.clone().to_sparse(layout=layout, blocksize=blocksize, dense_dim=dense_dim)
+
+            sparse_sample = sample.transform(to_sparse)
+        if validate_sample_input_sparse(op, sparse_sample, check_validate=False) is not sparse_sample:
+            continue
+        yield sparse_sample
+
+
+def sparse_layout_samples(op, layout, dtype):
+    """('declared' | 'converted', index, sample) for each of the op's sparse
+    samples in `layout` at `dtype`, on the CPU: the samples the sparse
+    sweep (tests/opinfo_parity.py --sparse) compares and the dtype table's
+    generator (scripts/generate_dtype_table.py) records."""
+    import itertools
+
+    for kind, samples in (
+        ("declared", _declared_sparse_samples(op, layout, dtype)),
+        ("converted", _converted_sparse_samples(op, layout, dtype)),
+    ):
+        for i, sample in enumerate(itertools.islice(samples, SPARSE_SAMPLES_PER_KIND)):
+            yield kind, i, sample

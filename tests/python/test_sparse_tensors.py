@@ -493,6 +493,32 @@ def test_ops_queued_behind_work_see_it():
     torch.testing.assert_close(out.cpu(), want)
 
 
+# Dtypes as on CUDA (Note [Sparse dtype rules] in cpp/ops/dtype_policy.h):
+# a dtype CUDA's sparse kernel computes and the CPU's refuses is computed in
+# a wider dtype and rounded back.
+@pytest.mark.parametrize("dtype,name", [(torch.float16, "Half"), (torch.bfloat16, "BFloat16")])
+def test_sampled_addmm_at_half_precision_as_on_cuda(dtype, name):
+    mask = _matrix(4, shape=(6, 5)).to_sparse_csr()
+    a, b = torch.randn(6, 3, generator=torch.Generator().manual_seed(5)), torch.randn(3, 5)
+    rounded = [t.to(dtype) for t in (mask, a, b)]
+    with pytest.raises(RuntimeError, match=f"but got {name}$"):
+        torch.sparse.sampled_addmm(*rounded)  # the CPU refuses it
+    got = torch.sparse.sampled_addmm(*[t.to(DEV) for t in rounded], beta=0.5, alpha=2.0)
+    want = torch.sparse.sampled_addmm(*[t.float() for t in rounded], beta=0.5, alpha=2.0).to(dtype)
+    assert got.layout == torch.sparse_csr and got.dtype == dtype and got.device.type == "openreg"
+    torch.testing.assert_close(got.to_dense().cpu(), want.to_dense(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_complex32_unary_op_as_on_cuda(layout):
+    x = torch.complex(_matrix(6), _matrix(7)).to(torch.complex32)
+    sparse = x.to_sparse(layout=layout)
+    got = torch.sin(sparse.to(DEV))
+    want = torch.sin(x.to(torch.complex64).to_sparse(layout=layout)).to(torch.complex32)
+    assert got.layout == layout and got.dtype == torch.complex32
+    torch.testing.assert_close(got.to_dense().cpu(), want.to_dense(), rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------- 4. autograd and optimizers
 
 
