@@ -80,8 +80,7 @@ def derive():
             for layout in _SPARSE_LAYOUTS:
                 if not op.supports_sparse_layout(getattr(torch, layout)):
                     continue
-                for _, _, sample in _drawn(sparse_layout_samples, op, getattr(torch, layout), dtype):
-                    sample = sample.transform(lambda x: x.to("openreg") if isinstance(x, torch.Tensor) else x)
+                for _, _, sample in _drawn(sparse_layout_samples, op, getattr(torch, layout), dtype, "openreg"):
                     record()
                     _run(op, sample, False)
                     calls |= {tuple(line.split("\t")) for line in record().splitlines()}

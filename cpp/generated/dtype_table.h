@@ -17,7 +17,7 @@ struct DtypeRule {
   c10::ScalarType compute;
 };
 
-inline constexpr std::array<DtypeRule, 264> kDtypeRules{{
+inline constexpr std::array<DtypeRule, 266> kDtypeRules{{
     // CUDA computes ComplexHalf: fft.fft, fft.fft2, fft.fftn, fft.hfft2, ...
     {"aten::_fft_c2c", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
     // CUDA computes ComplexHalf: fft.hfft, fft.hfft2, fft.hfftn, fft.irfft, ...
@@ -368,6 +368,10 @@ inline constexpr std::array<DtypeRule, 264> kDtypeRules{{
     {"aten::mm/SparseCsr", c10::ScalarType::BFloat16, c10::ScalarType::Float},
     // CUDA computes Half: sparse.sampled_addmm
     {"aten::mm/SparseCsr", c10::ScalarType::Half, c10::ScalarType::Float},
+    // CUDA computes Bool: mul
+    {"aten::mul.Tensor/Sparse", c10::ScalarType::Bool, c10::ScalarType::Byte},
+    // CUDA computes Bool: mul
+    {"aten::mul.Tensor/SparseCsr", c10::ScalarType::Bool, c10::ScalarType::Byte},
     // CUDA computes BFloat16: nn.functional.multi_margin_loss
     {"aten::multi_margin_loss", c10::ScalarType::BFloat16, c10::ScalarType::Float},
     // CUDA computes Half: nn.functional.multi_margin_loss

@@ -180,7 +180,8 @@ class Call {
       : op(op),
         stack(*stack),
         first_arg(stack->size() - op.schema().arguments().size()),
-        num_returns(op.schema().returns().size()) {}
+        num_returns(op.schema().returns().size()),
+        caller_keys_(c10::impl::tls_local_dispatch_key_set()) {}
 
   // Checks the devices of all arguments (see the Note); returns the device.
   c10::Device check_devices() {
@@ -269,6 +270,10 @@ class Call {
   // the CPU) and the CPU kernel runs; the stack then holds its results.
   // Runs as stream work: device memory is accessible.
   void run_cpu_kernel_on_views() {
+    // The kernel may run on the stream's worker: it sees the dispatch keys
+    // the caller's thread excludes (autograd's, below which it was called),
+    // as it would on that thread (_coalesce_sparse_cpu asserts them).
+    c10::impl::ForceDispatchKeyGuard caller_keys(caller_keys_);
     for (size_t i = first_arg; i < stack.size(); ++i) {
       c10::IValue& value = stack[i];
       retarget_device(value, c10::kCPU);
@@ -459,6 +464,7 @@ class Call {
     device_ = indexed;
   }
 
+  c10::impl::LocalDispatchKeySet caller_keys_;
   std::optional<c10::Device> device_;
   int64_t largest_operand_ = 0;
   bool has_nested_ = false;
@@ -647,6 +653,7 @@ class QueuedKernel {
                std::optional<OutVariant> out_variant)
       : op_(std::move(op)),
         keys_(keys),
+        caller_keys_(c10::impl::tls_local_dispatch_key_set()),
         arguments_(std::move(arguments)),
         destinations_(std::move(destinations)),
         split_(std::move(split)),
@@ -654,6 +661,8 @@ class QueuedKernel {
         out_variant_(std::move(out_variant)) {}
 
   void operator()() const {
+    // As Call::run_cpu_kernel_on_views: the caller's excluded keys.
+    c10::impl::ForceDispatchKeyGuard caller_keys(caller_keys_);
     if (!check_) {
       compute(nullptr);
       return;
@@ -716,6 +725,7 @@ class QueuedKernel {
 
   c10::OperatorHandle op_;
   c10::DispatchKeySet keys_; // CPU, and the sparse CPU keys of its sparse operands
+  c10::impl::LocalDispatchKeySet caller_keys_;
   torch::jit::Stack arguments_;
   torch::jit::Stack destinations_;
   CallSplit split_;

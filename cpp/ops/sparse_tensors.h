@@ -147,7 +147,10 @@ inline bool runs_sparse_kernel_as_is(const std::string& op_name) {
       "aten::_sparse_coo_tensor_with_dims", "aten::_sparse_coo_tensor_with_dims_and_tensors", "aten::empty",
       "aten::empty_like", "aten::zeros", "aten::zero_", "aten::sparse_resize_", "aten::sparse_resize_and_clear_",
       "aten::resize_as_sparse_", "aten::resize_", "aten::copy_sparse_to_sparse_", "aten::copy_", "aten::clone",
-      "aten::_pin_memory"};
+      "aten::_pin_memory",
+      // values().normal_(): it draws from the openreg generator, as CUDA's
+      // kernel draws from CUDA's (randn_like of a compressed tensor)
+      "aten::normal_"};
   return kOps.count(op_name) > 0;
 }
 

@@ -76,14 +76,14 @@ def _c10_names(torch) -> dict:
 SPARSE_SAMPLES_PER_KIND = 24
 
 
-def _declared_sparse_samples(op, layout, dtype):
+def _declared_sparse_samples(op, layout, dtype, device):
     """The op's own sparse samples for the layout (OpInfo.sample_inputs_sparse,
     already validated by its sample function); none where op_db declares the
     layout without a sample function for it."""
     import unittest
 
     try:
-        yield from op.sample_inputs_sparse(layout, "cpu", dtype)
+        yield from op.sample_inputs_sparse(layout, device, dtype)
     except NotImplementedError as e:
         if "no sample function specified" not in str(e):
             raise
@@ -98,7 +98,7 @@ def _smallest_divisor(n: int) -> int:
     return n
 
 
-def _converted_sparse_samples(op, layout, dtype):
+def _converted_sparse_samples(op, layout, dtype, device):
     """The op's dense samples in the layout, as PyTorch's consistency tests
     make them: COO, the input's to_sparse() (test_sparse.py,
     TestSparseUnaryUfuncs); compressed layouts, every tensor of the input's
@@ -110,7 +110,7 @@ def _converted_sparse_samples(op, layout, dtype):
     from torch.testing._internal.opinfo.core import SampleInput
     from torch.testing._internal.opinfo.definitions.sparse import validate_sample_input_sparse
 
-    for sample in op.sample_inputs("cpu", dtype):
+    for sample in op.sample_inputs(device, dtype):
         if not isinstance(sample.input, torch.Tensor):
             continue
         if layout is torch.sparse_coo:
@@ -141,16 +141,18 @@ def _converted_sparse_samples(op, layout, dtype):
         yield sparse_sample
 
 
-def sparse_layout_samples(op, layout, dtype):
+def sparse_layout_samples(op, layout, dtype, device="cpu"):
     """('declared' | 'converted', index, sample) for each of the op's sparse
-    samples in `layout` at `dtype`, on the CPU: the samples the sparse
-    sweep (tests/opinfo_parity.py --sparse) compares and the dtype table's
-    generator (scripts/generate_dtype_table.py) records."""
+    samples in `layout` at `dtype`, made on `device`: the samples the sparse
+    sweep (tests/opinfo_parity.py --sparse) compares (made on the CPU) and
+    the dtype table's generator (scripts/generate_dtype_table.py) records
+    (made on openreg: PyTorch's sparse sample functions leave out some
+    samples on the CPU only, such as a bool mul, which CUDA computes)."""
     import itertools
 
     for kind, samples in (
-        ("declared", _declared_sparse_samples(op, layout, dtype)),
-        ("converted", _converted_sparse_samples(op, layout, dtype)),
+        ("declared", _declared_sparse_samples(op, layout, dtype, device)),
+        ("converted", _converted_sparse_samples(op, layout, dtype, device)),
     ):
         for i, sample in enumerate(itertools.islice(samples, SPARSE_SAMPLES_PER_KIND)):
             yield kind, i, sample

@@ -493,6 +493,37 @@ def test_ops_queued_behind_work_see_it():
     torch.testing.assert_close(out.cpu(), want)
 
 
+def test_coalesce_behind_queued_work_as_on_cpu():
+    """coalesce of an uncoalesced COO tensor while the stream is busy: the
+    host waits for the CPU kernel on the stream's worker, which sees the
+    dispatch keys the caller excludes (the kernel asserts autograd's)."""
+    i = torch.tensor([[0, 1, 0], [2, 0, 2]])
+    v = torch.tensor([3.0, 4.0, 5.0], dtype=torch.float64)
+    want = torch.sparse_coo_tensor(i, v, (2, 3)).coalesce()
+    x = torch.sparse_coo_tensor(i, v, (2, 3)).to(DEV)
+    big = torch.randn(600, 600, device=DEV)
+    for _ in range(3):
+        busy = big @ big  # noqa: F841 (queued work ahead of the coalesce)
+        got = x.coalesce()
+        assert got.is_coalesced()
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr])
+def test_random_ops_on_sparse_tensors_draw_from_the_openreg_generator(layout):
+    """randn_like of a compressed tensor draws its values from openreg's
+    generator, in their memory order, as a dense randn_like does (and as
+    CUDA's from CUDA's; COO has no randn_like on CPU or CUDA)."""
+    d = torch.ones(4, 4, device=DEV)
+    sparse = d.to_sparse(layout=layout, blocksize=(2, 2) if layout == torch.sparse_bsr else None)
+    torch.manual_seed(0)
+    dense_draw = torch.randn_like(d)
+    torch.manual_seed(0)
+    sparse_draw = torch.randn_like(sparse)
+    assert sparse_draw.layout == layout and sparse_draw.device == d.device
+    assert torch.equal(sparse_draw.values().flatten().cpu(), dense_draw.flatten().cpu())
+
+
 # Dtypes as on CUDA (Note [Sparse dtype rules] in cpp/ops/dtype_policy.h):
 # a dtype CUDA's sparse kernel computes and the CPU's refuses is computed in
 # a wider dtype and rounded back.
@@ -507,6 +538,20 @@ def test_sampled_addmm_at_half_precision_as_on_cuda(dtype, name):
     want = torch.sparse.sampled_addmm(*[t.float() for t in rounded], beta=0.5, alpha=2.0).to(dtype)
     assert got.layout == torch.sparse_csr and got.dtype == dtype and got.device.type == "openreg"
     torch.testing.assert_close(got.to_dense().cpu(), want.to_dense(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_bool_mul_as_on_cuda(layout):
+    # CPU's mul_out_sparse refuses bool; PyTorch's sparse samples expect it
+    # to run off the CPU (opinfo/definitions/sparse.py), as CUDA runs it.
+    a = torch.tensor([[True, False, True], [True, True, False]])
+    b = torch.tensor([[True, True, False], [False, True, False]])
+    sa, sb = a.to_sparse(layout=layout), b.to_sparse(layout=layout)
+    with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+        sa * sb
+    got = sa.to(DEV) * sb.to(DEV)
+    assert got.layout == layout and got.dtype == torch.bool
+    assert torch.equal(got.to_dense().cpu(), a & b)
 
 
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
