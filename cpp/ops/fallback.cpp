@@ -898,8 +898,8 @@ void run_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool quan
 
 
 // Whether the call moves data between devices, the host's included, or
-// makes a tensor from host values: a wrapped (nested, quantized or sparse)
-// CPU tensor among its arguments, a `device` argument other than its openreg
+// makes a tensor from host values: a wrapped (nested or quantized) CPU
+// tensor among its arguments, a `device` argument other than its openreg
 // tensors' device (_to_copy to the host or to another openreg device, which
 // makes the result with empty_quantized on that device), or no openreg
 // tensor at all (a factory such as _empty_per_channel_affine_quantized,
@@ -918,7 +918,7 @@ bool crosses_devices(const c10::OperatorHandle& op, const torch::jit::Stack& sta
           : device;
     }
     for_each_tensor(value, [&](const at::Tensor& t) {
-      host_wrapped |= (t.is_nested() || t.is_quantized() || is_sparse_any(t)) && t.is_cpu();
+      host_wrapped |= (t.is_nested() || t.is_quantized()) && t.is_cpu();
       if (!tensor_device && t.is_privateuseone()) {
         tensor_device = t.device();
       }

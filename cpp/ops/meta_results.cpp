@@ -253,6 +253,38 @@ using Plan = std::vector<PlannedReturn>;
 // Shared by the cache and its lookups: a lookup does not copy the plan.
 using SharedPlan = std::shared_ptr<const Plan>;
 
+// The plan of an op's returns `results`, each tensor planned by
+// `plan_tensor` (nullopt: that tensor cannot be planned); nullopt if some
+// return cannot be.
+template <typename PlanTensor>
+std::optional<Plan> plan_returns(c10::ArrayRef<c10::IValue> results, PlanTensor&& plan_tensor) {
+  Plan plan;
+  for (const c10::IValue& value : results) {
+    PlannedReturn planned;
+    if (value.isTensor()) {
+      planned.kind = PlannedReturn::Kind::Tensor;
+      std::optional<PlannedTensor> t = plan_tensor(value.toTensor());
+      if (!t) {
+        return std::nullopt;
+      }
+      planned.tensors.push_back(std::move(*t));
+    } else if (value.isTensorList()) {
+      planned.kind = PlannedReturn::Kind::TensorList;
+      for (const at::Tensor& r : value.toTensorList()) {
+        std::optional<PlannedTensor> t = plan_tensor(r);
+        if (!t) {
+          return std::nullopt;
+        }
+        planned.tensors.push_back(std::move(*t));
+      }
+    } else if (!value.isNone()) {
+      return std::nullopt;
+    }
+    plan.push_back(std::move(planned));
+  }
+  return plan;
+}
+
 // Runs the Meta kernel on stand-ins of `arguments`; nullopt if it fails.
 std::optional<Plan> plan_with_meta_kernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
   std::unordered_map<c10::StorageImpl*, c10::Storage> storages;
@@ -295,10 +327,13 @@ std::optional<Plan> plan_with_meta_kernel(const c10::OperatorHandle& op, c10::Ar
     return std::nullopt; // the CPU kernel, run instead, raises its own error
   }
 
-  const auto plan_tensor = [&](const at::Tensor& result) {
+  const auto plan_tensor = [&](const at::Tensor& result) -> std::optional<PlannedTensor> {
     PlannedTensor planned;
     if (!result.defined()) {
       return planned;
+    }
+    if (result.layout() != c10::kStrided) {
+      return std::nullopt; // a sparse result is not planned: its size may depend on the data
     }
     planned.dtype = result.scalar_type();
     planned.sizes = result.sizes().vec();
@@ -321,28 +356,7 @@ std::optional<Plan> plan_with_meta_kernel(const c10::OperatorHandle& op, c10::Ar
     }
     return planned;
   };
-  Plan plan;
-  for (const c10::IValue& value : stack) {
-    bool strided = true;
-    for_each_tensor(value, [&](const at::Tensor& t) { strided = strided && t.layout() == c10::kStrided; });
-    if (!strided) {
-      return std::nullopt; // sparse results are refused by the CPU run (Note [Fallback])
-    }
-    PlannedReturn planned;
-    if (value.isTensor()) {
-      planned.kind = PlannedReturn::Kind::Tensor;
-      planned.tensors.push_back(plan_tensor(value.toTensor()));
-    } else if (value.isTensorList()) {
-      planned.kind = PlannedReturn::Kind::TensorList;
-      for (const at::Tensor& t : value.toTensorList()) {
-        planned.tensors.push_back(plan_tensor(t));
-      }
-    } else if (!value.isNone()) {
-      return std::nullopt;
-    }
-    plan.push_back(std::move(planned));
-  }
-  return plan;
+  return plan_returns(stack, plan_tensor);
 }
 
 } // namespace
@@ -520,7 +534,6 @@ SharedPlan learn_plan(const OpenregTensors& arguments, c10::ArrayRef<c10::IValue
     }
     return false;
   };
-  std::optional<PlannedTensor> unlearnable;
   const auto plan_tensor = [&](const at::Tensor& r) -> std::optional<PlannedTensor> {
     PlannedTensor planned;
     if (!r.defined()) {
@@ -546,31 +559,8 @@ SharedPlan learn_plan(const OpenregTensors& arguments, c10::ArrayRef<c10::IValue
     planned.kind = PlannedTensor::Kind::New;
     return planned;
   };
-  Plan plan;
-  for (const c10::IValue& value : results) {
-    PlannedReturn ret;
-    if (value.isTensor()) {
-      ret.kind = PlannedReturn::Kind::Tensor;
-      std::optional<PlannedTensor> t = plan_tensor(value.toTensor());
-      if (!t) {
-        return nullptr;
-      }
-      ret.tensors.push_back(std::move(*t));
-    } else if (value.isTensorList()) {
-      ret.kind = PlannedReturn::Kind::TensorList;
-      for (const at::Tensor& r : value.toTensorList()) {
-        std::optional<PlannedTensor> t = plan_tensor(r);
-        if (!t) {
-          return nullptr;
-        }
-        ret.tensors.push_back(std::move(*t));
-      }
-    } else if (!value.isNone()) {
-      return nullptr;
-    }
-    plan.push_back(std::move(ret));
-  }
-  return std::make_shared<const Plan>(std::move(plan));
+  std::optional<Plan> plan = plan_returns(results, plan_tensor);
+  return plan ? std::make_shared<const Plan>(std::move(*plan)) : nullptr;
 }
 
 bool same_geometry(const at::Tensor& t, const PlannedTensor& planned) {

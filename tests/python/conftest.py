@@ -67,6 +67,16 @@ def _restore_openreg_state():
 
 
 @pytest.fixture
+def one_cpu_thread():
+    """CPU kernels at one thread, as the fallback runs them on a stream
+    worker: CPU PyTorch's own results move with its thread count."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.fixture
 def exact_memory():
     """For tests that compare allocator statistics exactly: no automatic
     garbage collection during the test (it could free an earlier test's

@@ -16,13 +16,7 @@ import torch.nn.functional as F
 DEV = "openreg:0"
 
 
-@pytest.fixture(autouse=True)
-def _one_cpu_thread():
-    """CPU kernels at one thread, as the fallback runs them on a stream worker."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 
 def _gen(seed):

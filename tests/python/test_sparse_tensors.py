@@ -27,13 +27,7 @@ LAYOUTS = (torch.sparse_coo, *COMPRESSED)
 LAYOUT_IDS = [str(layout).split(".")[-1] for layout in LAYOUTS]
 
 
-@pytest.fixture(autouse=True)
-def _one_cpu_thread():
-    """CPU kernels at one thread, as the fallback runs them on a stream worker."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 
 # ---------------------------------------------------------------- helpers
