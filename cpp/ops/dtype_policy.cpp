@@ -280,6 +280,21 @@ class RecordingKernel final : public c10::OperatorKernel {
   c10::KernelFunction kernel_;
 };
 
+// A kernel behind a check of its arguments (KernelRegistrar::fallback).
+class ArgumentCheckedKernel final : public c10::OperatorKernel {
+ public:
+  ArgumentCheckedKernel(ArgumentCheck check, c10::BoxedKernel kernel) : check_(check), kernel_(std::move(kernel)) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+    check_(op, &*(stack->end() - static_cast<std::ptrdiff_t>(op.schema().arguments().size())));
+    kernel_.callBoxed(op, keys, stack);
+  }
+
+ private:
+  ArgumentCheck check_;
+  c10::BoxedKernel kernel_;
+};
+
 } // namespace
 
 c10::KernelFunction fallback_kernel() {
@@ -288,6 +303,10 @@ c10::KernelFunction fallback_kernel() {
 
 bool recording_dtypes() {
   return policy() == ffi::DtypePolicy::Record;
+}
+
+bool cpu_dtypes() {
+  return policy() == ffi::DtypePolicy::Cpu;
 }
 
 void run_recorded(
@@ -351,12 +370,25 @@ void KernelRegistrar::impl_boxed(const std::string& name, c10::KernelFunction ke
   }
 }
 
-void KernelRegistrar::fallback(const std::string& name) {
-  if (recording_dtypes() || dtype_rules(name) != nullptr) {
-    impl_boxed(name, fallback_kernel());
-  } else {
-    aten_.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_fallback>());
+c10::BoxedKernel KernelRegistrar::fallback_under_policy(const std::string& name) {
+  if (recording_dtypes()) {
+    return c10::BoxedKernel::makeFromFunctor(std::make_unique<RecordingKernel>(fallback_kernel()));
   }
+  if (const OpRules* rules = dtype_rules(name)) {
+    return dtype_checked(fallback_kernel(), *rules);
+  }
+  return c10::BoxedKernel::makeFromFunction<&run_fallback>();
+}
+
+void KernelRegistrar::fallback(const std::string& name) {
+  aten_.impl(name.c_str(), torch::CppFunction::makeFromBoxedKernel(fallback_under_policy(name)));
+}
+
+void KernelRegistrar::fallback(const std::string& name, ArgumentCheck check) {
+  aten_.impl(
+      name.c_str(),
+      torch::CppFunction::makeFromBoxedFunctor(
+          std::make_unique<ArgumentCheckedKernel>(check, fallback_under_policy(name))));
 }
 
 void KernelRegistrar::finish() {

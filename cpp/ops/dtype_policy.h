@@ -59,6 +59,15 @@ c10::BoxedKernel dtype_checked(c10::KernelFunction kernel, const OpRules& rules)
 
 bool recording_dtypes();
 
+// Whether openreg keeps the CPU kernels' dtypes (OPENREG_DTYPES=cpu), where
+// nothing computes a dtype only CUDA has.
+bool cpu_dtypes();
+
+// A check CUDA's kernel of an op makes on its arguments, beyond their dtype,
+// before it computes (cuFFT's half-precision sizes): it raises CUDA's error.
+// `arguments` is the op's first argument on the stack.
+using ArgumentCheck = void (*)(const c10::OperatorHandle& op, const c10::IValue* arguments);
+
 // The aten op `name` ("mm.out") names.
 c10::OperatorHandle aten_op(const std::string& name);
 
@@ -138,6 +147,11 @@ class KernelRegistrar {
   // `name` runs the boxed fallback (cpp/ops/fallback.cpp).
   void fallback(const std::string& name);
 
+  // `name` runs the boxed fallback behind `check`, which sees the call's
+  // arguments before the dtype policy does (a refusal by CUDA's kernel that
+  // depends on more than the dtype).
+  void fallback(const std::string& name, ArgumentCheck check);
+
   // `name` runs `kernel` as it is, outside the policy: a kernel that checks
   // nothing itself and sends calls on to kernels the policy covers.
   template <c10::BoxedKernel::BoxedKernelFunction* kernel>
@@ -153,6 +167,10 @@ class KernelRegistrar {
   // `kernel` registered boxed: recording under OPENREG_DTYPES=record,
   // checked under the table's rules otherwise.
   void impl_boxed(const std::string& name, c10::KernelFunction kernel);
+
+  // The kernel fallback(name) registers: the boxed fallback under the
+  // policy.
+  c10::BoxedKernel fallback_under_policy(const std::string& name);
 
   torch::Library& aten_;
 };

@@ -39,6 +39,7 @@ void register_elementwise(KernelRegistrar& kernels);
 void register_random(KernelRegistrar& kernels);
 void register_attention(KernelRegistrar& kernels);
 void register_accelerator_ops(KernelRegistrar& kernels);
+void register_half_precision_fft(KernelRegistrar& kernels);
 
 namespace {
 
@@ -288,6 +289,7 @@ void register_ops() {
   register_random(*kernels);
   register_attention(*kernels);
   register_accelerator_ops(*kernels);
+  register_half_precision_fft(*kernels);
   // Last: it sends ops that have no openreg kernel by now to the fallback.
   register_fallback_kernels(*kernels);
   kernels->finish();

@@ -41,22 +41,7 @@ KNOWN_FAILURES = {
         "in torch 2.15's dispatcher (cpp/ops/sparse_kernels.cpp), although op_db declares CUDA dtypes for the OpInfo"),
 }
 
-FFT_HALF = (
-    "PyTorch's FFT composites (SpectralOps.cpp, promote_type_fft) accept real float16/bfloat16 inputs on CUDA "
-    "by device name and refuse them for any other device before a backend kernel runs, so no dtype rule can "
-    "reach them (complex32 inputs pass and are computed in complex64)"
-)
-FFT_COMPLEX_HALF_TWO_TRANSFORMS = (
-    "hfft2/hfftn at complex32 are two transforms (c2c, then c2r), each rounding its result to half precision "
-    "on openreg as on CUDA, while the reference computes both in complex64 and rounds once: differences of a "
-    "half-precision ulp (0.016 on values near 30)"
-)
 CUDA_ONLY_FAILURES = {
-    **{f"{dtype} cuda-only:fft.{kind}.": FFT_HALF for dtype in ("Half", "BFloat16") for kind in (
-        "fft", "fft2", "fftn", "hfft", "hfft2", "hfftn", "ifft", "ifft2", "ifftn", "ihfft", "ihfft2", "ihfftn",
-        "irfft", "irfft2", "irfftn", "rfft", "rfft2", "rfftn")},
-    **{f"ComplexHalf cuda-only:fft.{kind}.": FFT_COMPLEX_HALF_TWO_TRANSFORMS for kind in ("hfft2", "hfftn")},
-    "cuda-only:stft.": FFT_HALF,
     **{f"cuda-only:{op}.": (
         "CPU's nansum refuses complex inputs in every dtype (there is no wider complex dtype it accepts), so "
         "there is neither a wider computation nor a CPU reference") for op in ("nansum", "nanmean")},
