@@ -304,9 +304,9 @@ def map_tensors(value, fn):
 
 def promoted_on_cuda(op, dtype) -> bool:
     """Whether CUDA computes the op at `dtype` in a wider dtype and returns
-    the wider results: torch.fft's transforms promote bfloat16 to float32 on
-    CUDA (promote_type_fft in SpectralOps.cpp; torch/_refs/fft.py says why),
-    returning float32 / complex64."""
+    the wider results: torch.fft's transforms promote bfloat16 to float32
+    on CUDA (promote_type_fft in aten/src/ATen/native/SpectralOps.cpp;
+    torch/_refs/fft.py says why), returning float32 / complex64."""
     return dtype == torch.bfloat16 and op.name.startswith("fft.")
 
 
