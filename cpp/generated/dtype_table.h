@@ -17,15 +17,7 @@ struct DtypeRule {
   c10::ScalarType compute;
 };
 
-inline constexpr std::array<DtypeRule, 266> kDtypeRules{{
-    // CUDA computes ComplexHalf: fft.fft, fft.fft2, fft.fftn, fft.hfft2, ...
-    {"aten::_fft_c2c", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
-    // CUDA computes ComplexHalf: fft.hfft, fft.hfft2, fft.hfftn, fft.irfft, ...
-    {"aten::_fft_c2r", c10::ScalarType::ComplexHalf, c10::ScalarType::ComplexFloat},
-    // CUDA computes BFloat16: stft
-    {"aten::_fft_r2c", c10::ScalarType::BFloat16, c10::ScalarType::Float},
-    // CUDA computes Half: fft.hfft, fft.hfft2, fft.hfftn, fft.irfft, ...
-    {"aten::_fft_r2c", c10::ScalarType::Half, c10::ScalarType::Float},
+inline constexpr std::array<DtypeRule, 262> kDtypeRules{{
     // CUDA refuses Double: histogramdd
     {"aten::_histogramdd_bin_edges", c10::ScalarType::Double, c10::ScalarType::Undefined},
     // CUDA refuses Float: histogramdd

@@ -31,10 +31,12 @@
 // are powers of two (ATen/native/cuda/CuFFTPlanCache.h) and raises otherwise;
 // openreg raises the same error, at the call. The check sits where CUDA's
 // does, in the transform kernels _fft_c2c, _fft_r2c and _fft_c2r (and their
-// out= forms), so it also covers direct calls. A transform computed wider for
-// a narrow one (above) runs in a TransformPrecision scope, which tells the
-// check the precision the transform stands for. torch.compile traces the
-// kernels (fake tensors dispatch to them as well) and runs the same way.
+// out= forms). A transform computed wider for a narrow one (above) runs in a
+// TransformPrecision scope, which tells the check the precision the
+// transform stands for. torch.compile traces these kernels (fake tensors
+// dispatch to them as well) and runs the same way. Left as the CPU has it: a
+// direct call of a transform kernel in half precision (none of the front
+// ends above makes one on openreg) is refused by the CPU kernel.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
 #include <ATen/native/Resize.h>
