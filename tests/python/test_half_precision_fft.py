@@ -97,6 +97,21 @@ def test_sizes_that_are_not_powers_of_two_are_refused_at_the_call(call, sizes, b
     torch.openreg.synchronize()  # nothing was left queued to fail later
 
 
+@pytest.mark.parametrize("name", TRANSFORM_NAMES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.complex32], ids=["float16", "complex32"])
+def test_every_transform_refuses_what_cufft_refuses(name, dtype):
+    """As PyTorch's test_fft_half_and_chalf_not_power_of_two_error asks of
+    CUDA: a 13 x 13 input, whole and cut to 12 (n= or s=)."""
+    if dtype.is_complex and dict(TRANSFORMS)[name]:
+        pytest.skip("a real-input transform refuses complex32 by its dtype")
+    fn = getattr(torch.fft, name)
+    x = torch.randn(13, 13).to(dtype).to(DEV)
+    cut = {"n": 12} if name[-1] not in "2n" else {"s": (12, 12)}
+    for kwargs in ({}, cut):
+        with pytest.raises(RuntimeError, match=CUFFT_SIZES):
+            fn(x, **kwargs)
+
+
 def test_float32_and_bfloat16_transforms_take_any_size():
     x = torch.randn(6)
     torch.testing.assert_close(torch.fft.fft(x.to(DEV)).cpu(), torch.fft.fft(x))
