@@ -161,7 +161,17 @@ at::Tensor& bernoulli_tensor(at::Tensor& self, const at::Tensor& p, Gen gen) {
 // Note [random_ ranges]: as PyTorch's, `random_()` draws from [0, 2^digits]
 // for floating dtypes (every integer the mantissa holds exactly) and from
 // [0, max] for integral ones; `random_(from, None)` up to that maximum.
-// A range of 0 stands for 2^64 (from = INT64_MIN to INT64_MAX).
+// A range of 0 stands for 2^64 (from = INT64_MIN to INT64_MAX). The unsigned
+// dtypes uint16, uint32 and uint64 take a range only (`random_(to)`,
+// `random_(from, to)`, so torch.randint and make_tensor), as CUDA's kernels
+// dispatch them (random_from_to_kernel has them, random_kernel does not;
+// ATen/native/cuda/DistributionTemplates.h); uint64's maximum fits no int64
+// bound, so it takes no `random_(from, None)` either, as PyTorch's range
+// check refuses it.
+bool is_unsigned_wide(c10::ScalarType dtype) {
+  return dtype == c10::kUInt16 || dtype == c10::kUInt32 || dtype == c10::kUInt64;
+}
+
 int64_t max_value(c10::ScalarType dtype) {
   switch (dtype) {
     case c10::kBool:
@@ -175,7 +185,12 @@ int64_t max_value(c10::ScalarType dtype) {
     case c10::kInt:
       return 2147483647;
     case c10::kLong:
+    case c10::kUInt64: // the largest `to` - 1 an int64 bound can give
       return std::numeric_limits<int64_t>::max();
+    case c10::kUInt16:
+      return std::numeric_limits<uint16_t>::max();
+    case c10::kUInt32:
+      return std::numeric_limits<uint32_t>::max();
     case c10::kHalf:
       return int64_t{1} << 11;
     case c10::kBFloat16:
@@ -195,12 +210,20 @@ at::Tensor& random_integers(at::Tensor& self, int64_t from, uint64_t range, Gen 
 
 at::Tensor& random_from(at::Tensor& self, int64_t from, std::optional<int64_t> to, Gen gen) {
   const int64_t max = max_value(self.scalar_type());
+  const bool is_unsigned = is_unsigned_wide(self.scalar_type()) || self.scalar_type() == c10::kByte ||
+      self.scalar_type() == c10::kBool;
+  TORCH_CHECK(
+      from >= 0 || !is_unsigned, "random_ expects 'from' to be at least 0 for ", self.scalar_type(), ", got ", from);
   if (to.has_value()) {
     TORCH_CHECK(from < *to, "random_ expects 'from' to be less than 'to', but got from=", from, " >= to=", *to);
     TORCH_CHECK(
         *to - 1 <= max, "random_ expects 'to' - 1 to fit ", self.scalar_type(), " (at most ", max, "), but got to=", *to);
     return random_integers(self, from, static_cast<uint64_t>(*to) - static_cast<uint64_t>(from), gen);
   }
+  TORCH_CHECK(
+      self.scalar_type() != c10::kUInt64,
+      "random_ expects 'to' for UInt64 (its maximum, 2^64 - 1, is out of bounds for an int64 'to'), got from=", from,
+      ", to=None");
   TORCH_CHECK(from <= max, "random_ expects 'from' to be at most ", max, " for ", self.scalar_type(), ", got ", from);
   // Wraps to 0 (2^64) for the full int64 range: Note [random_ ranges].
   return random_integers(self, from, static_cast<uint64_t>(max) - static_cast<uint64_t>(from) + 1, gen);
@@ -211,6 +234,8 @@ at::Tensor& random_to(at::Tensor& self, int64_t to, Gen gen) {
 }
 
 at::Tensor& random_(at::Tensor& self, Gen gen) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !is_unsigned_wide(self.scalar_type()), "\"random_kernel_openreg\" not implemented for '", self.scalar_type(), "'");
   return random_integers(self, 0, static_cast<uint64_t>(max_value(self.scalar_type())) + 1, gen);
 }
 

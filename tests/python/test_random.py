@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from torch_openreg._op_db import c10_name
 
 from _openreg_util import clean_env, script
 
@@ -358,6 +359,37 @@ def test_random_integers():
     assert (full < 0).any() and (full > 2**62).any()
     ints = torch.randint(3, 9, (10_000,), device=DEV).cpu()
     assert set(ints.unique().tolist()) == set(range(3, 9))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+def test_unsigned_dtypes_take_a_range_as_on_cuda(dtype):
+    """uint16/32/64: random_(to) and random_(from, to) (so torch.randint and
+    make_tensor) draw from the openreg generator; random_() is refused, as
+    CUDA's random_kernel (and CPU's) lacks them (Note [random_ ranges])."""
+    torch.openreg.manual_seed(21)
+    high = 60_000 if dtype == torch.uint16 else 2**31 + 7
+    drawn = torch.empty(20_000, device=DEV, dtype=dtype).random_(5, high).cpu()
+    assert drawn.dtype == dtype
+    r = drawn.to(torch.int64)  # CPU's reductions lack the unsigned dtypes
+    assert r.min() >= 5 and r.max() < high
+    assert r.double().mean() > high * 0.45  # spread over the range
+    torch.openreg.manual_seed(21)
+    again = torch.empty(20_000, device=DEV, dtype=dtype).random_(5, high).cpu()
+    assert torch.equal(again.to(torch.int64), r)
+    small = torch.randint(0, 4, (1000,), device=DEV, dtype=dtype).cpu()
+    assert set(small.tolist()) == {0, 1, 2, 3}
+    made = torch.testing.make_tensor((64,), dtype=dtype, device=DEV, low=0, high=9)
+    assert made.device.type == "openreg" and made.dtype == dtype and made.cpu().to(torch.int64).max() <= 9
+    with pytest.raises(NotImplementedError, match=f"\"random_kernel_openreg\" not implemented for '{c10_name(dtype)}'"):
+        torch.empty(3, device=DEV, dtype=dtype).random_()
+    with pytest.raises(RuntimeError, match="at least 0"):
+        torch.empty(3, device=DEV, dtype=dtype).random_(-1, 7)
+    if dtype == torch.uint64:
+        with pytest.raises(RuntimeError, match="random_ expects 'to' for UInt64"):
+            torch.empty(3, device=DEV, dtype=dtype).random_(5, None)
+    else:
+        top = torch.empty(20_000, device=DEV, dtype=dtype).random_(5, None).cpu().to(torch.int64)
+        assert top.min() >= 5 and top.max() > torch.iinfo(dtype).max * 0.99
 
 
 def test_randperm():
