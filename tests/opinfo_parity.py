@@ -310,6 +310,22 @@ def promoted_on_cuda(op, dtype) -> bool:
     return dtype == torch.bfloat16 and op.name.startswith("fft.")
 
 
+def nan_zeroed(x):
+    return torch.where(x.isnan(), 0, x)
+
+
+# CUDA's kernel, as a formula of ops CPU has, for an op whose CPU kernel
+# refuses every dtype of a kind: CPU's nansum refuses complex inputs (by
+# device); CUDA's leaves out an element either part of which is NaN (Note
+# [Complex nansum] in cpp/ops/complex_nansum.cpp), and nanmean divides that
+# sum by the count of the others.
+COMPLEX_FORMULAS = {
+    "nansum": lambda x, dim=None, keepdim=False, dtype=None: nan_zeroed(x).sum(dim, keepdim, dtype=dtype),
+    "nanmean": lambda x, dim=None, keepdim=False, dtype=None: (
+        nan_zeroed(x).sum(dim, keepdim, dtype=dtype) / (~x.isnan()).sum(dim, keepdim)),
+}
+
+
 def cpu_reference(op, sample, dtype):
     """The op on CPU at `dtype`, else in the nearest wider dtype CPU runs,
     its results cast back (unless promoted_on_cuda); raises when CPU runs
@@ -323,8 +339,9 @@ def cpu_reference(op, sample, dtype):
         map_tensors(host, lambda t: present.add(t.dtype))
         inp, args, kwargs = map_tensors(host, widen)
         kwargs = {k: (wide if isinstance(v, torch.dtype) and v == dtype else v) for k, v in kwargs.items()}
+        compute = COMPLEX_FORMULAS.get(op.name, op) if dtype.is_complex else op
         try:
-            out = op(inp, *args, **kwargs)
+            out = compute(inp, *args, **kwargs)
         except Exception as e:
             failure = failure or e
             continue

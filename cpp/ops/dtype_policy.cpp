@@ -280,19 +280,18 @@ class RecordingKernel final : public c10::OperatorKernel {
   c10::KernelFunction kernel_;
 };
 
-// A kernel behind a check of its arguments (KernelRegistrar::fallback).
-class ArgumentCheckedKernel final : public c10::OperatorKernel {
+// The fallback behind a front (KernelRegistrar::fallback).
+class FrontedKernel final : public c10::OperatorKernel {
  public:
-  ArgumentCheckedKernel(ArgumentCheck check, c10::BoxedKernel kernel) : check_(check), kernel_(std::move(kernel)) {}
+  FrontedKernel(FallbackFront front, c10::BoxedKernel fallback) : front_(front), fallback_(std::move(fallback)) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-    check_(op, &*(stack->end() - static_cast<std::ptrdiff_t>(op.schema().arguments().size())));
-    kernel_.callBoxed(op, keys, stack);
+    front_(fallback_, op, keys, stack);
   }
 
  private:
-  ArgumentCheck check_;
-  c10::BoxedKernel kernel_;
+  FallbackFront front_;
+  c10::BoxedKernel fallback_;
 };
 
 } // namespace
@@ -384,11 +383,10 @@ void KernelRegistrar::fallback(const std::string& name) {
   aten_.impl(name.c_str(), torch::CppFunction::makeFromBoxedKernel(fallback_under_policy(name)));
 }
 
-void KernelRegistrar::fallback(const std::string& name, ArgumentCheck check) {
+void KernelRegistrar::fallback(const std::string& name, FallbackFront front) {
   aten_.impl(
       name.c_str(),
-      torch::CppFunction::makeFromBoxedFunctor(
-          std::make_unique<ArgumentCheckedKernel>(check, fallback_under_policy(name))));
+      torch::CppFunction::makeFromBoxedFunctor(std::make_unique<FrontedKernel>(front, fallback_under_policy(name))));
 }
 
 void KernelRegistrar::finish() {

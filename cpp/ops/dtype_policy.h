@@ -63,10 +63,16 @@ bool recording_dtypes();
 // nothing computes a dtype only CUDA has.
 bool cpu_dtypes();
 
-// A check CUDA's kernel of an op makes on its arguments, beyond their dtype,
-// before it computes (cuFFT's half-precision sizes): it raises CUDA's error.
-// `arguments` is the op's first argument on the stack.
-using ArgumentCheck = void (*)(const c10::OperatorHandle& op, const c10::IValue* arguments);
+// What an op's kernel does before the boxed fallback under the policy: a
+// check CUDA's kernel makes on the arguments beyond their dtype, raising
+// CUDA's error (cuFFT's half-precision sizes), or a computation CUDA's kernel
+// makes and the CPU kernel refuses by device (nansum of complex inputs). It
+// calls `fallback` for what it leaves to the fallback.
+using FallbackFront = void (*)(
+    const c10::BoxedKernel& fallback,
+    const c10::OperatorHandle& op,
+    c10::DispatchKeySet keys,
+    torch::jit::Stack* stack);
 
 // The aten op `name` ("mm.out") names.
 c10::OperatorHandle aten_op(const std::string& name);
@@ -147,10 +153,9 @@ class KernelRegistrar {
   // `name` runs the boxed fallback (cpp/ops/fallback.cpp).
   void fallback(const std::string& name);
 
-  // `name` runs the boxed fallback behind `check`, which sees the call's
-  // arguments before the dtype policy does (a refusal by CUDA's kernel that
-  // depends on more than the dtype).
-  void fallback(const std::string& name, ArgumentCheck check);
+  // `name` runs `front`, which sees each call before the dtype policy does,
+  // in front of the boxed fallback.
+  void fallback(const std::string& name, FallbackFront front);
 
   // `name` runs `kernel` as it is, outside the policy: a kernel that checks
   // nothing itself and sends calls on to kernels the policy covers.

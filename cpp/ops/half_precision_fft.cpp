@@ -134,6 +134,16 @@ void check_half_precision_signal(const c10::OperatorHandle& op, const c10::IValu
   }
 }
 
+// A transform kernel: cuFFT's check, then the fallback.
+void checked_transform(
+    const c10::BoxedKernel& fallback,
+    const c10::OperatorHandle& op,
+    c10::DispatchKeySet keys,
+    torch::jit::Stack* stack) {
+  check_half_precision_signal(op, &*(stack->end() - static_cast<std::ptrdiff_t>(op.schema().arguments().size())));
+  fallback.callBoxed(op, keys, stack);
+}
+
 // A tensor of a half-precision dtype in float32 / complex64; others as they
 // are.
 at::Tensor widened(const at::Tensor& t) {
@@ -363,7 +373,7 @@ void register_half_precision_fft(KernelRegistrar& kernels) {
   }
   for (const char* name :
        {"_fft_c2c", "_fft_c2c.out", "_fft_r2c", "_fft_r2c.out", "_fft_c2r", "_fft_c2r.out"}) {
-    kernels.fallback(name, &check_half_precision_signal);
+    kernels.fallback(name, &checked_transform);
   }
   // Kept for the life of the process: destroying a Library deregisters it.
   for (const c10::DispatchKey key : {c10::DispatchKey::PrivateUse1, c10::DispatchKey::AutogradPrivateUse1}) {

@@ -40,6 +40,7 @@ void register_random(KernelRegistrar& kernels);
 void register_attention(KernelRegistrar& kernels);
 void register_accelerator_ops(KernelRegistrar& kernels);
 void register_half_precision_fft(KernelRegistrar& kernels);
+void register_complex_nansum(KernelRegistrar& kernels);
 
 namespace {
 
@@ -290,6 +291,7 @@ void register_ops() {
   register_attention(*kernels);
   register_accelerator_ops(*kernels);
   register_half_precision_fft(*kernels);
+  register_complex_nansum(*kernels);
   // Last: it sends ops that have no openreg kernel by now to the fallback.
   register_fallback_kernels(*kernels);
   kernels->finish();

@@ -86,3 +86,47 @@ def test_complex_random_fills_draw_both_parts(dtype):
     u = torch.rand(1000, dtype=dtype, device=DEV).cpu()
     assert ((u.real >= 0) & (u.real < 1) & (u.imag >= 0) & (u.imag < 1)).all()
     assert u.real.std() > 0.2 and u.imag.std() > 0.2
+
+
+def nan_parts():
+    x = torch.randn(3, 4, dtype=torch.complex64, generator=torch.Generator().manual_seed(7))
+    x[0, 1] = complex(float("nan"), 1.0)
+    x[2, 2] = complex(1.0, float("nan"))
+    return x
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "queued"])
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"dim": 1}, {"dim": 0, "keepdim": True}, {"dim": 1, "dtype": torch.complex128}],
+    ids=["all", "dim", "keepdim", "dtype"])
+def test_complex_nansum_and_nanmean_leave_out_an_element_with_a_nan_part(kwargs, busy):
+    """As CUDA's kernel (Note [Complex nansum]); CPU refuses complex nansum."""
+    x = nan_parts()
+    kept = torch.where(x.isnan(), 0, x)
+    want_sum = kept.sum(**kwargs)
+    counted = {k: v for k, v in kwargs.items() if k != "dtype"}
+    want_mean = want_sum / (~x.isnan()).sum(**counted)
+    d = x.to(DEV)
+    if busy:
+        torch.openreg._sleep(1)
+    got_sum, got_mean = torch.nansum(d, **kwargs), torch.nanmean(d, **kwargs)
+    assert got_sum.dtype == want_sum.dtype and got_mean.dtype == want_mean.dtype
+    torch.testing.assert_close(got_sum.cpu(), want_sum)
+    torch.testing.assert_close(got_mean.cpu(), want_mean)
+
+
+def test_complex32_nansum_is_summed_wider_and_rounded_once():
+    x = nan_parts()
+    got = torch.nansum(x.to(torch.complex32).to(DEV), dim=1)
+    want = torch.where(x.isnan(), 0, x).to(torch.complex32).to(torch.complex64).sum(1).to(torch.complex32)
+    assert got.dtype == torch.complex32
+    torch.testing.assert_close(got.cpu().to(torch.complex64), want.to(torch.complex64))
+
+
+def test_complex_nansum_out_and_real_nansum():
+    x = nan_parts()
+    out = torch.empty(0, dtype=torch.complex64, device=DEV)
+    assert torch.nansum(x.to(DEV), 0, out=out) is out
+    torch.testing.assert_close(out.cpu(), torch.where(x.isnan(), 0, x).sum(0))
+    real = torch.tensor([1.0, float("nan"), 2.0])
+    torch.testing.assert_close(torch.nansum(real.to(DEV)).cpu(), torch.nansum(real))

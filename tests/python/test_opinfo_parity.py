@@ -42,9 +42,6 @@ KNOWN_FAILURES = {
 }
 
 CUDA_ONLY_FAILURES = {
-    **{f"cuda-only:{op}.": (
-        "CPU's nansum refuses complex inputs in every dtype (there is no wider complex dtype it accepts), so "
-        "there is neither a wider computation nor a CPU reference") for op in ("nansum", "nanmean")},
     **{f"cuda-only:torch.ops.aten.{op}.": (
         "a CUDA-only operator without a CPU kernel at all (an operator, not a dtype, CUDA has): openreg's "
         "fused attention is _scaled_dot_product_fused_attention_overrideable (Note [Accelerator-only ops])")
