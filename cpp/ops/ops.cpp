@@ -41,6 +41,7 @@ void register_attention(KernelRegistrar& kernels);
 void register_accelerator_ops(KernelRegistrar& kernels);
 void register_half_precision_fft(KernelRegistrar& kernels);
 void register_complex_nansum(KernelRegistrar& kernels);
+void register_scatter_reduce(KernelRegistrar& kernels);
 
 namespace {
 
@@ -292,6 +293,7 @@ void register_ops() {
   register_accelerator_ops(*kernels);
   register_half_precision_fft(*kernels);
   register_complex_nansum(*kernels);
+  register_scatter_reduce(*kernels);
   // Last: it sends ops that have no openreg kernel by now to the fallback.
   register_fallback_kernels(*kernels);
   kernels->finish();

@@ -125,6 +125,33 @@ def test_float8_scatter():
     assert torch.equal(got.cpu().float(), want.float())
 
 
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "queued"])
+def test_bool_scatter_reduce_is_refused_only_where_cuda_refuses_it(busy):
+    """Note [scatter_reduce dtypes]: CUDA computes a bool sum and refuses
+    prod, amax and amin, in every form, at the call."""
+    self = torch.tensor([True, False, True, False])
+    index = torch.tensor([0, 1, 0, 1])
+    src = torch.tensor([False, True, True, True])
+    d_self, d_index, d_src = self.to(DEV), index.to(DEV), src.to(DEV)
+    if busy:
+        torch.openreg._sleep(1)
+    want = self.scatter_reduce(0, index, src, "sum")
+    torch.testing.assert_close(d_self.scatter_reduce(0, d_index, d_src, "sum").cpu(), want)
+    for reduce in ("prod", "amax", "amin"):
+        message = f'"scatter_reduce_openreg_{reduce}_" not implemented for \'Bool\''
+        with pytest.raises(NotImplementedError, match=message):
+            d_self.scatter_reduce(0, d_index, d_src, reduce)
+        with pytest.raises(NotImplementedError, match=message):
+            d_self.clone().scatter_reduce_(0, d_index, d_src, reduce)
+        with pytest.raises(NotImplementedError, match=message):
+            torch.scatter_reduce(d_self, 0, d_index, d_src, reduce, out=torch.empty_like(d_self))
+    torch.openreg.synchronize()
+    assert torch.equal(d_self.cpu(), self)
+    ints = torch.tensor([3, 1, 2, 5])
+    torch.testing.assert_close(
+        ints.to(DEV).scatter_reduce(0, d_index, ints.to(DEV), "prod").cpu(), ints.scatter_reduce(0, index, ints, "prod"))
+
+
 def test_capability_is_the_gpu_whose_dtypes_openreg_follows():
     from torch_openreg._op_db import GPU_CAPABILITY
 

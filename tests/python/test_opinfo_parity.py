@@ -48,9 +48,6 @@ CUDA_ONLY_FAILURES = {
        for op in ("_flash_attention_forward", "_efficient_attention_forward")},
 }
 CPU_ONLY_FAILURES = {
-    **{f"Bool cpu-only:scatter_reduce.{mode}": (
-        "CUDA refuses bool only for reduce='prod'/'amin'/'amax', which an (op, dtype) rule cannot tell from "
-        "the sum and mean it accepts (the same aten op)") for mode in ("prod", "amin", "amax")},
     **{f"{dtype} cpu-only:{op}.": (
         "op_db's samples of _scaled_mm make a float8_e4m3fn first operand whatever the dtype, which CUDA "
         "accepts: no sample reaches a dtype CUDA refuses")
