@@ -42,6 +42,7 @@ void register_accelerator_ops(KernelRegistrar& kernels);
 void register_half_precision_fft(KernelRegistrar& kernels);
 void register_complex_nansum(KernelRegistrar& kernels);
 void register_scatter_reduce(KernelRegistrar& kernels);
+void register_scaled_mm(KernelRegistrar& kernels);
 
 namespace {
 
@@ -294,6 +295,7 @@ void register_ops() {
   register_half_precision_fft(*kernels);
   register_complex_nansum(*kernels);
   register_scatter_reduce(*kernels);
+  register_scaled_mm(*kernels);
   // Last: it sends ops that have no openreg kernel by now to the fallback.
   register_fallback_kernels(*kernels);
   kernels->finish();

@@ -152,6 +152,19 @@ def test_bool_scatter_reduce_is_refused_only_where_cuda_refuses_it(busy):
         ints.to(DEV).scatter_reduce(0, d_index, ints.to(DEV), "prod").cpu(), ints.scatter_reduce(0, index, ints, "prod"))
 
 
+def test_two_float8_e5m2_matrices_are_refused_as_cublaslt_refuses_them():
+    """Note [Float8 matmul dtypes]: e5m2 beside e4m3fn computes, two e5m2
+    raise CUDA's ValueError, for _scaled_mm and _scaled_mm_v2."""
+    scale = torch.tensor(1.0)
+    e4m3 = torch.randn(16, 32).to(torch.float8_e4m3fn)
+    e5m2 = torch.randn(16, 32).to(torch.float8_e5m2)
+    want = torch._scaled_mm(e5m2, e4m3.t(), scale, scale, out_dtype=torch.bfloat16)
+    got = torch._scaled_mm(e5m2.to(DEV), e4m3.t().to(DEV), scale.to(DEV), scale.to(DEV), out_dtype=torch.bfloat16)
+    torch.testing.assert_close(got.cpu(), want)
+    with pytest.raises(ValueError, match="Multiplication of two Float8_e5m2 matrices is not supported"):
+        torch._scaled_mm(e5m2.to(DEV), e5m2.t().to(DEV), scale.to(DEV), scale.to(DEV), out_dtype=torch.bfloat16)
+
+
 def test_capability_is_the_gpu_whose_dtypes_openreg_follows():
     from torch_openreg._op_db import GPU_CAPABILITY
 
