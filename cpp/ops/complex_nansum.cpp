@@ -7,7 +7,8 @@
 // (at::_isnan of a c10::complex), and its whole value is left out of the sum
 // (NanSumOps in aten/src/ATen/native/SharedReduceOps.h). The CPU kernel
 // refuses complex inputs by device ("nansum on CPU does not support complex
-// inputs", nansum_out in ReduceOps.cpp), so the fallback cannot run it. For a
+// inputs", nansum_out in aten/src/ATen/native/ReduceOps.cpp), so the
+// fallback cannot run it. For a
 // complex input, openreg's nansum (and its out= form) sums
 // where(isnan(self), 0, self) with the call's dim, keepdim and dtype, each
 // step ordinary stream work; complex32 is summed in complex64 and rounded
