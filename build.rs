@@ -91,6 +91,8 @@ fn main() {
         "cpp/random/random.cpp",
         "cpp/frontends/autocast.cpp",
         "cpp/frontends/attention.cpp",
+        "cpp/frontends/math_attention.cpp",
+        "cpp/frontends/flash_efficient_attention.cpp",
         "cpp/ops/accelerator_ops.cpp",
         "cpp/graphs/graph.cpp",
         "cpp/graphs/graph_kernels.cpp",

@@ -23,14 +23,25 @@
 //    out_dtype matmuls mm.dtype, bmm.dtype, addmm.dtype, baddbmm.dtype and
 //    their .dtype_out forms (float16/bfloat16 inputs to a float32 result,
 //    or the inputs' own dtype, as CUDA allows).
+// Implemented elsewhere, as the ops a library calls by name:
+//  - the flash and memory-efficient attention operators,
+//    _flash_attention_forward, _flash_attention_backward,
+//    _flash_attention_forward_no_dropout_inplace (varlen_attn's out= form),
+//    _efficient_attention_forward and _efficient_attention_backward
+//    (cpp/frontends/flash_efficient_attention.cpp, Note [Flash and efficient
+//    attention]).
 // Not reached for a PrivateUse1 tensor, so not implemented:
 //  - cudnn_*, _cudnn_*, miopen_*, _use_cudnn_ctc_loss, _use_miopen_ctc_loss:
 //    chosen only for CUDA/HIP tensors (ctc_loss, convolution, batch_norm and
 //    the RNNs check the device before asking);
 //  - _conv_depthwise2d, conv_depthwise3d: convolution picks them only for
 //    CUDA tensors (openreg's convolution is convolution_overrideable);
-//  - the flash, efficient and cuDNN attention kernels: sdpa picks them only
-//    for CUDA (openreg answers OVERRIDEABLE, Note [Fused attention]);
+//  - sdpa's CUDA backends, _scaled_dot_product_flash_attention,
+//    _scaled_dot_product_efficient_attention and
+//    _scaled_dot_product_cudnn_attention (and their backward and .quantized
+//    forms) and the float8 flash forward (_flash_attention_forward.quantized,
+//    FA3 only on CUDA): sdpa picks them only for CUDA (openreg answers
+//    OVERRIDEABLE, Note [Fused attention]);
 //  - _fused_rms_norm_backward: _fused_rms_norm decomposes (its composite
 //    kernel) on every device but CUDA, so its backward is never asked for;
 //  - GPU-specific features a program asks for by name, with no device-generic

@@ -38,6 +38,7 @@ void register_max_pool(KernelRegistrar& kernels);
 void register_elementwise(KernelRegistrar& kernels);
 void register_random(KernelRegistrar& kernels);
 void register_attention(KernelRegistrar& kernels);
+void register_flash_efficient_attention(KernelRegistrar& kernels);
 void register_accelerator_ops(KernelRegistrar& kernels);
 void register_half_precision_fft(KernelRegistrar& kernels);
 void register_complex_nansum(KernelRegistrar& kernels);
@@ -291,6 +292,7 @@ void register_ops() {
   register_elementwise(*kernels);
   register_random(*kernels);
   register_attention(*kernels);
+  register_flash_efficient_attention(*kernels);
   register_accelerator_ops(*kernels);
   register_half_precision_fft(*kernels);
   register_complex_nansum(*kernels);
