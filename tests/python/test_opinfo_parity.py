@@ -41,12 +41,7 @@ KNOWN_FAILURES = {
         "in torch 2.15's dispatcher (cpp/ops/sparse_kernels.cpp), although op_db declares CUDA dtypes for the OpInfo"),
 }
 
-CUDA_ONLY_FAILURES = {
-    **{f"cuda-only:torch.ops.aten.{op}.": (
-        "a CUDA-only operator without a CPU kernel at all (an operator, not a dtype, CUDA has): openreg's "
-        "fused attention is _scaled_dot_product_fused_attention_overrideable (Note [Accelerator-only ops])")
-       for op in ("_flash_attention_forward", "_efficient_attention_forward")},
-}
+CUDA_ONLY_FAILURES = {}
 CPU_ONLY_FAILURES = {
     "Float8_e5m2 cpu-only:torch._scaled_mm.": (
         "op_db mis-declares it: its samples are not parametrized on dtype (PyTorch skips its own test_dtypes "
