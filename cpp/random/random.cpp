@@ -14,6 +14,7 @@
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/native/DistributionTemplates.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/lt.h>
@@ -158,20 +159,28 @@ at::Tensor& bernoulli_tensor(at::Tensor& self, const at::Tensor& p, Gen gen) {
   return self;
 }
 
-// Note [random_ ranges]: as PyTorch's, `random_()` draws from [0, 2^digits]
-// for floating dtypes (every integer the mantissa holds exactly) and from
-// [0, max] for integral ones; `random_(from, None)` up to that maximum.
-// A range of 0 stands for 2^64 (from = INT64_MIN to INT64_MAX). The unsigned
-// dtypes uint16, uint32 and uint64 take a range only (`random_(to)`,
-// `random_(from, to)`, so torch.randint and make_tensor), as CUDA's kernels
-// dispatch them (random_from_to_kernel has them, random_kernel does not;
-// ATen/native/cuda/DistributionTemplates.h); uint64's maximum fits no int64
-// bound, so it takes no `random_(from, None)` either, as PyTorch's range
-// check refuses it.
-bool is_unsigned_wide(c10::ScalarType dtype) {
-  return dtype == c10::kUInt16 || dtype == c10::kUInt32 || dtype == c10::kUInt64;
-}
+// Note [random_ ranges]: random_, random_(to) and random_(from, to) run
+// PyTorch's own front ends (random_impl and random_from_to_impl in
+// ATen/native/DistributionTemplates.h, which CPU's and CUDA's kernels share):
+// they check `from` and `to` against the dtype, move a floating range's ends
+// to values the dtype holds, return early for an empty tensor, and hand the
+// kernels below a range [base, base + range) (a range of 0 stands for 2^64).
+// The kernels accept the dtypes CUDA's do (aten/src/ATen/native/cuda/
+// DistributionTemplates.h), with their errors in openreg's spelling:
+//  - random_from_to_kernel: every integral, floating and bool dtype,
+//    uint16/uint32/uint64 included (so torch.randint and make_tensor draw
+//    them);
+//  - random_kernel (`random_()`: [0, 2^digits] for floating dtypes, every
+//    integer the mantissa holds exactly, [0, max] for integral ones): not
+//    uint16/uint32/uint64, NotImplementedError;
+//  - random_full_64_bits_range_kernel (`random_(INT64_MIN, None)`): int64,
+//    float64, float32 and bfloat16, RuntimeError for the other dtypes it
+//    dispatches, NotImplementedError for the rest.
+// Each draws int64s from the openreg generator (Note [Philox draw layout])
+// and converts them to the tensor's dtype, as CUDA's transformations do.
 
+// The largest value `random_()` draws for `dtype`; the dtypes CUDA's
+// random_kernel does not dispatch are refused.
 int64_t max_value(c10::ScalarType dtype) {
   switch (dtype) {
     case c10::kBool:
@@ -185,12 +194,7 @@ int64_t max_value(c10::ScalarType dtype) {
     case c10::kInt:
       return 2147483647;
     case c10::kLong:
-    case c10::kUInt64: // the largest `to` - 1 an int64 bound can give
       return std::numeric_limits<int64_t>::max();
-    case c10::kUInt16:
-      return std::numeric_limits<uint16_t>::max();
-    case c10::kUInt32:
-      return std::numeric_limits<uint32_t>::max();
     case c10::kHalf:
       return int64_t{1} << 11;
     case c10::kBFloat16:
@@ -200,7 +204,24 @@ int64_t max_value(c10::ScalarType dtype) {
     case c10::kDouble:
       return int64_t{1} << 53;
     default:
-      TORCH_CHECK(false, "random_ is not supported for ", dtype, " openreg tensors");
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "\"random_kernel_openreg\" not implemented for '", dtype, "'");
+  }
+}
+
+// AT_ALL_TYPES: the dtypes each of CUDA's random kernels dispatches, beside
+// the ones it names.
+bool is_all_types(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::kByte:
+    case c10::kChar:
+    case c10::kShort:
+    case c10::kInt:
+    case c10::kLong:
+    case c10::kFloat:
+    case c10::kDouble:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -208,35 +229,57 @@ at::Tensor& random_integers(at::Tensor& self, int64_t from, uint64_t range, Gen 
   return generate(self, ffi::RandomFill{ffi::RandomKind::Integers, ffi::RandomElement::I64, 0, 0, from, range}, gen);
 }
 
-at::Tensor& random_from(at::Tensor& self, int64_t from, std::optional<int64_t> to, Gen gen) {
-  const int64_t max = max_value(self.scalar_type());
-  const bool is_unsigned = is_unsigned_wide(self.scalar_type()) || self.scalar_type() == c10::kByte ||
-      self.scalar_type() == c10::kBool;
-  TORCH_CHECK(
-      from >= 0 || !is_unsigned, "random_ expects 'from' to be at least 0 for ", self.scalar_type(), ", got ", from);
-  if (to.has_value()) {
-    TORCH_CHECK(from < *to, "random_ expects 'from' to be less than 'to', but got from=", from, " >= to=", *to);
-    TORCH_CHECK(
-        *to - 1 <= max, "random_ expects 'to' - 1 to fit ", self.scalar_type(), " (at most ", max, "), but got to=", *to);
-    return random_integers(self, from, static_cast<uint64_t>(*to) - static_cast<uint64_t>(from), gen);
+// The kernels PyTorch's front ends call. They are templates on a generator
+// type, as the front ends expect (one instantiation per generator class);
+// openreg has one generator, so `Unused` is not read.
+template <typename Unused>
+struct RandomKernel {
+  // [0, max_value]; AT_DISPATCH_ALL_TYPES_AND3(Half, BFloat16, Bool).
+  void operator()(at::TensorIteratorBase& iter, Gen gen) {
+    at::Tensor self = iter.tensor(0);
+    random_integers(self, 0, static_cast<uint64_t>(max_value(self.scalar_type())) + 1, gen);
   }
-  TORCH_CHECK(
-      self.scalar_type() != c10::kUInt64,
-      "random_ expects 'to' for UInt64 (its maximum, 2^64 - 1, is out of bounds for an int64 'to'), got from=", from,
-      ", to=None");
-  TORCH_CHECK(from <= max, "random_ expects 'from' to be at most ", max, " for ", self.scalar_type(), ", got ", from);
-  // Wraps to 0 (2^64) for the full int64 range: Note [random_ ranges].
-  return random_integers(self, from, static_cast<uint64_t>(max) - static_cast<uint64_t>(from) + 1, gen);
+};
+
+template <typename Unused>
+struct RandomFromToKernel {
+  // [base, base + range), a range of 0 standing for 2^64; AT_ALL_TYPES, bool,
+  // half, bfloat16 and uint16/uint32/uint64.
+  void operator()(at::TensorIteratorBase& iter, uint64_t range, int64_t base, Gen gen) {
+    at::Tensor self = iter.tensor(0);
+    const c10::ScalarType dtype = self.scalar_type();
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        is_all_types(dtype) || dtype == c10::kBool || dtype == c10::kHalf || dtype == c10::kBFloat16 ||
+            dtype == c10::kUInt16 || dtype == c10::kUInt32 || dtype == c10::kUInt64,
+        "\"random_from_to_kernel_openreg\" not implemented for '", dtype, "'");
+    random_integers(self, base, range, gen);
+  }
+
+  // [INT64_MIN, INT64_MAX]; AT_DISPATCH_ALL_TYPES_AND(BFloat16), of which
+  // only int64, float64, float32 and bfloat16 draw.
+  void operator()(at::TensorIteratorBase& iter, Gen gen) {
+    at::Tensor self = iter.tensor(0);
+    const c10::ScalarType dtype = self.scalar_type();
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        is_all_types(dtype) || dtype == c10::kBFloat16,
+        "\"random_full_64_bits_range_kernel_openreg\" not implemented for '", dtype, "'");
+    TORCH_CHECK(
+        dtype == c10::kLong || dtype == c10::kDouble || dtype == c10::kFloat || dtype == c10::kBFloat16,
+        "random_full_64_bits_range_kernel_openreg handles only int64, double, float and bfloat16");
+    random_integers(self, std::numeric_limits<int64_t>::min(), 0, gen);
+  }
+};
+
+at::Tensor& random_from(at::Tensor& self, int64_t from, std::optional<int64_t> to, Gen gen) {
+  return at::native::templates::random_from_to_impl<RandomFromToKernel, void>(self, from, to, std::move(gen));
 }
 
 at::Tensor& random_to(at::Tensor& self, int64_t to, Gen gen) {
-  return random_from(self, 0, to, gen);
+  return random_from(self, 0, to, std::move(gen));
 }
 
 at::Tensor& random_(at::Tensor& self, Gen gen) {
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      !is_unsigned_wide(self.scalar_type()), "\"random_kernel_openreg\" not implemented for '", self.scalar_type(), "'");
-  return random_integers(self, 0, static_cast<uint64_t>(max_value(self.scalar_type())) + 1, gen);
+  return at::native::templates::random_impl<RandomKernel, void>(self, std::move(gen));
 }
 
 at::Tensor& randperm_out(int64_t n, Gen gen, at::Tensor& out) {

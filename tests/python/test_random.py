@@ -364,8 +364,10 @@ def test_random_integers():
 @pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
 def test_unsigned_dtypes_take_a_range_as_on_cuda(dtype):
     """uint16/32/64: random_(to) and random_(from, to) (so torch.randint and
-    make_tensor) draw from the openreg generator; random_() is refused, as
-    CUDA's random_kernel (and CPU's) lacks them (Note [random_ ranges])."""
+    make_tensor) draw from the openreg generator, reproducibly; random_()
+    and the full int64 range are refused, as CUDA's random_kernel and
+    random_full_64_bits_range_kernel lack them (Note [random_ ranges]); bad
+    bounds raise PyTorch's own errors, as on CPU."""
     torch.openreg.manual_seed(21)
     high = 60_000 if dtype == torch.uint16 else 2**31 + 7
     drawn = torch.empty(20_000, device=DEV, dtype=dtype).random_(5, high).cpu()
@@ -376,20 +378,59 @@ def test_unsigned_dtypes_take_a_range_as_on_cuda(dtype):
     torch.openreg.manual_seed(21)
     again = torch.empty(20_000, device=DEV, dtype=dtype).random_(5, high).cpu()
     assert torch.equal(again.to(torch.int64), r)
+    to = torch.empty(1000, device=DEV, dtype=dtype).random_(3).cpu().to(torch.int64)
+    assert set(to.tolist()) == {0, 1, 2}
     small = torch.randint(0, 4, (1000,), device=DEV, dtype=dtype).cpu()
     assert set(small.tolist()) == {0, 1, 2, 3}
+    torch.openreg.manual_seed(22)
     made = torch.testing.make_tensor((64,), dtype=dtype, device=DEV, low=0, high=9)
-    assert made.device.type == "openreg" and made.dtype == dtype and made.cpu().to(torch.int64).max() <= 9
-    with pytest.raises(NotImplementedError, match=f"\"random_kernel_openreg\" not implemented for '{c10_name(dtype)}'"):
+    torch.openreg.manual_seed(22)
+    made_again = torch.testing.make_tensor((64,), dtype=dtype, device=DEV, low=0, high=9)
+    assert made.device.type == "openreg" and made.dtype == dtype
+    assert torch.equal(made.cpu().to(torch.int64), made_again.cpu().to(torch.int64))
+    assert made.cpu().to(torch.int64).max() <= 9 and len(made.cpu().to(torch.int64).unique()) > 5
+    name = c10_name(dtype)
+    with pytest.raises(NotImplementedError, match=f"\"random_kernel_openreg\" not implemented for '{name}'"):
         torch.empty(3, device=DEV, dtype=dtype).random_()
-    with pytest.raises(RuntimeError, match="at least 0"):
-        torch.empty(3, device=DEV, dtype=dtype).random_(-1, 7)
-    if dtype == torch.uint64:
-        with pytest.raises(RuntimeError, match="random_ expects 'to' for UInt64"):
-            torch.empty(3, device=DEV, dtype=dtype).random_(5, None)
-    else:
+    torch.empty(0, device=DEV, dtype=dtype).random_()  # an empty tensor returns before the kernel
+    with pytest.raises(
+            NotImplementedError, match=f"\"random_full_64_bits_range_kernel_openreg\" not implemented for '{name}'"):
+        torch.empty(3, device=DEV, dtype=dtype).random_(-(2**63), None)
+    refused = [(-1, 7)] + ([(5, None)] if dtype == torch.uint64 else [(0, 2**40)])
+    for bounds in refused:  # "from is out of bounds for ...", "to - 1 is out of bounds for ..."
+        with pytest.raises(RuntimeError) as cpu_error:
+            torch.empty(3, dtype=dtype).random_(*bounds)
+        with pytest.raises(RuntimeError) as raised:
+            torch.empty(3, device=DEV, dtype=dtype).random_(*bounds)
+        assert str(raised.value) == str(cpu_error.value)
+    if dtype != torch.uint64:  # up to the dtype's maximum
         top = torch.empty(20_000, device=DEV, dtype=dtype).random_(5, None).cpu().to(torch.int64)
         assert top.min() >= 5 and top.max() > torch.iinfo(dtype).max * 0.99
+
+
+@pytest.mark.filterwarnings("ignore:.* is out of bounds \\[:UserWarning")
+def test_random_bounds_and_ranges_are_pytorchs_for_every_dtype():
+    """random_'s front end is PyTorch's (Note [random_ ranges]): the same
+    errors as CPU (whose front end CUDA shares), and the full int64 range
+    for the dtypes CUDA's random_full_64_bits_range_kernel draws."""
+    dtypes = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+              torch.bfloat16, torch.float32, torch.float64)
+    for dtype in dtypes:
+        for bounds in ((), (5, None), (-1, 7), (0, 2**40), (-(2**63), None), (2**62, None), (7,)):
+            try:
+                torch.empty(3, dtype=dtype).random_(*bounds)
+            except (RuntimeError, NotImplementedError) as e:
+                with pytest.raises(type(e)) as raised:
+                    torch.empty(3, device=DEV, dtype=dtype).random_(*bounds)
+                assert str(raised.value).replace("_openreg", "_cpu") == str(e), (dtype, bounds)
+                continue
+            torch.empty(3, device=DEV, dtype=dtype).random_(*bounds)
+    torch.openreg.manual_seed(5)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        full = torch.empty(2000, device=DEV, dtype=dtype).random_(-(2**63), None).cpu().double()
+        assert full.min() < -(2**61) and full.max() > 2**61, dtype
+    f = torch.empty(2000, device=DEV, dtype=torch.float32).random_(0, 2**24 + 7).cpu().double()
+    assert f.max() <= 2**24  # the end moved to a value float32 holds (update_to)
 
 
 def test_randperm():
