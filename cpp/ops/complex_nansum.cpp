@@ -42,17 +42,28 @@ void nansum_front(
   }
   const std::optional<std::vector<int64_t>> dim = args[1].toOptional<std::vector<int64_t>>();
   const bool keepdim = args[2].toBool();
-  const std::optional<c10::ScalarType> dtype = args[3].toOptional<c10::ScalarType>();
-  const bool half = self.scalar_type() == c10::ScalarType::ComplexHalf;
-  const at::Tensor values = half ? self.to(c10::ScalarType::ComplexFloat) : self;
-  const std::optional<c10::ScalarType> sum_dtype =
-      half && dtype == c10::ScalarType::ComplexHalf ? std::optional(c10::ScalarType::ComplexFloat) : dtype;
+  const bool out_form = arguments == 5;
+  // The result's dtype, as nansum_out reads it: `dtype`, else the out=
+  // tensor's, else the input's (get_dtype_from_result in ReduceOps.cpp).
+  std::optional<c10::ScalarType> dtype = args[3].toOptional<c10::ScalarType>();
+  if (out_form) {
+    const c10::ScalarType out_dtype = args[4].toTensor().scalar_type();
+    TORCH_CHECK(
+        !dtype || *dtype == out_dtype, "nansum: provided dtype must match dtype of result. Got ",
+        c10::toString(out_dtype), " and ", c10::toString(*dtype), ".");
+    dtype = out_dtype;
+  }
+  // complex32 is summed in complex64 and rounded once.
+  const bool half_result = dtype.value_or(self.scalar_type()) == c10::ScalarType::ComplexHalf;
+  const at::Tensor values =
+      self.scalar_type() == c10::ScalarType::ComplexHalf ? self.to(c10::ScalarType::ComplexFloat) : self;
   at::Tensor result = at::sum(
-      at::where(at::isnan(values), c10::Scalar(0), values), at::OptionalIntArrayRef(dim), keepdim, sum_dtype);
-  if (half && (!dtype || dtype == c10::ScalarType::ComplexHalf)) {
+      at::where(at::isnan(values), c10::Scalar(0), values), at::OptionalIntArrayRef(dim), keepdim,
+      half_result ? std::optional(c10::ScalarType::ComplexFloat) : dtype);
+  if (half_result) {
     result = result.to(c10::ScalarType::ComplexHalf);
   }
-  if (arguments == 5) { // the out= form
+  if (out_form) {
     at::Tensor out = args[4].toTensor();
     at::native::resize_output(out, result.sizes());
     out.copy_(result);

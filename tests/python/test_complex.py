@@ -130,3 +130,28 @@ def test_complex_nansum_out_and_real_nansum():
     torch.testing.assert_close(out.cpu(), torch.where(x.isnan(), 0, x).sum(0))
     real = torch.tensor([1.0, float("nan"), 2.0])
     torch.testing.assert_close(torch.nansum(real.to(DEV)).cpu(), torch.nansum(real))
+
+
+def test_complex_nansum_out_computes_in_the_out_dtype_and_checks_dtype():
+    """nansum_out sums in `dtype`, else in the out= tensor's dtype, and
+    refuses a `dtype` other than the out= tensor's (get_dtype_from_result,
+    make_reduction), as for a real input."""
+    x = nan_parts().to(torch.complex128) * 1e8 + 1
+    x[0, 0] = 1e-8
+    kept = torch.where(x.isnan(), 0, x)
+    out = torch.empty(0, dtype=torch.complex128, device=DEV)
+    torch.nansum(x.to(torch.complex64).to(DEV), out=out)
+    want = kept.to(torch.complex64).to(torch.complex128).sum()
+    assert out.dtype == torch.complex128
+    torch.testing.assert_close(out.cpu(), want, rtol=0, atol=0)
+    half = torch.empty(0, dtype=torch.complex32, device=DEV)
+    torch.nansum(x.to(torch.complex64).to(DEV), 1, out=half)
+    assert half.dtype == torch.complex32
+    torch.testing.assert_close(
+        half.cpu().to(torch.complex64), kept.to(torch.complex64).sum(1).to(torch.complex32).to(torch.complex64))
+    message = "nansum: provided dtype must match dtype of result. Got ComplexFloat and ComplexDouble."
+    with pytest.raises(RuntimeError, match=message):
+        torch.nansum(x.to(DEV), dtype=torch.complex128, out=torch.empty(0, dtype=torch.complex64, device=DEV))
+    real = torch.tensor([1.0, float("nan"), 2.0], device=DEV)
+    with pytest.raises(RuntimeError, match="nansum: provided dtype must match dtype of result. Got Float and Double."):
+        torch.nansum(real, dtype=torch.float64, out=torch.empty(0, device=DEV))
