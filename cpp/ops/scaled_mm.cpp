@@ -2,13 +2,18 @@
 //
 // Note [Float8 matmul dtypes]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// CUDA's _scaled_mm takes any pair of float8 matrices but two float8_e5m2
-// ones, which cuBLASLt cannot multiply: it raises ValueError "Multiplication
-// of two Float8_e5m2 matrices is not supported" (aten/src/ATen/native/cuda/Blas.cpp,
-// outside ROCm builds). The CPU kernel multiplies them, and the dtype policy
+// CUDA's _scaled_mm refuses two float8_e5m2 matrices, which cuBLASLt cannot
+// multiply: it raises ValueError "Multiplication
+// of two Float8_e5m2 matrices is not supported" (_scaled_mm_out_cuda and
+// _scaled_mm_cuda_v2_out in aten/src/ATen/native/cuda/ScaledBlas.cpp, in
+// Blas.cpp before it; outside ROCm builds; the message is in the wheel's
+// libtorch_cuda.so). The CPU kernel multiplies them, and the dtype policy
 // reads one dtype per call (Note [Dtype policy]), so a front of the fallback
 // checks the pair, at the call. A float8_e5m2 matrix beside a float8_e4m3fn
-// one is computed, as on CUDA.
+// one is computed, as on CUDA. Left as CPU has it: a float8_e4m3fnuz or
+// float8_e5m2fnuz matrix, for which a CUDA build has no cuBLASLt type (an
+// internal assert in ScalarTypeToCudaDataType, ATen/cuda/CUDADataType.h,
+// rather than a designed refusal; op_db's samples have none).
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
 #include <ATen/core/Tensor.h>

@@ -172,6 +172,17 @@ def test_two_float8_e5m2_matrices_are_refused_as_cublaslt_refuses_them():
     torch.testing.assert_close(got.cpu(), want)
     with pytest.raises(ValueError, match="Multiplication of two Float8_e5m2 matrices is not supported"):
         torch._scaled_mm(e5m2.to(DEV), e5m2.t().to(DEV), scale.to(DEV), scale.to(DEV), out_dtype=torch.bfloat16)
+    from torch.nn.functional import ScalingType, SwizzleType
+
+    def scaled_mm_v2(a, b):
+        scales = [scale.reshape(1).to(a.device)]
+        return torch._scaled_mm_v2(
+            a, b, scales, [ScalingType.TensorWise], [SwizzleType.NO_SWIZZLE],
+            scales, [ScalingType.TensorWise], [SwizzleType.NO_SWIZZLE], None, torch.bfloat16)
+
+    torch.testing.assert_close(scaled_mm_v2(e5m2.to(DEV), e4m3.t().to(DEV)).cpu(), scaled_mm_v2(e5m2, e4m3.t()))
+    with pytest.raises(ValueError, match="Multiplication of two Float8_e5m2 matrices is not supported"):
+        scaled_mm_v2(e5m2.to(DEV), e5m2.t().to(DEV))
 
 
 def test_capability_is_the_gpu_whose_dtypes_openreg_follows():

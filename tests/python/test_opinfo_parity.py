@@ -42,13 +42,7 @@ KNOWN_FAILURES = {
 }
 
 CUDA_ONLY_FAILURES = {}
-CPU_ONLY_FAILURES = {
-    "Float8_e5m2 cpu-only:torch._scaled_mm.": (
-        "op_db mis-declares it: its samples are not parametrized on dtype (PyTorch skips its own test_dtypes "
-        "for _scaled_mm), and at float8_e5m2 they are e4m3fn x e4m3fn, e4m3fn x e5m2 and e5m2 x e4m3fn "
-        "matrices, all of which CUDA accepts (aten/src/ATen/native/cuda/Blas.cpp refuses only two e5m2 "
-        "matrices, as openreg does: Note [Float8 matmul dtypes]); no sample reaches a pair CUDA refuses"),
-}
+CPU_ONLY_FAILURES = {}
 
 OTHER_DTYPES = "float64,float16,bfloat16,complex64,complex128,int64,int32,uint8,bool"
 
