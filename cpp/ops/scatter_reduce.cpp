@@ -4,23 +4,29 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // CUDA's scatter_reduce.two kernel (scatter_reduce_two_cuda_kernel,
 // aten/src/ATen/native/cuda/ScatterGatherKernel.cu) runs "sum" through
-// cuda_scatter_gather_base_kernel's ReduceAdd overload, which dispatches bool,
-// and "prod", "amax", "amin" and "mean" through its generic overload, which
-// dispatches AT_DISPATCH_ALL_TYPES_AND2(Half, BFloat16) and so raises
+// cuda_scatter_gather_base_kernel's ReduceAdd overload, which dispatches
+// AT_DISPATCH_ALL_TYPES_AND_COMPLEX_AND3(Half, Bool, BFloat16), and "prod",
+// "amax", "amin" and "mean" through its generic overload, which dispatches
+// AT_DISPATCH_ALL_TYPES_AND2(Half, BFloat16): any other dtype raises
 // NotImplementedError "\"cuda_scatter_gather_base_kernel_func\" not
-// implemented for 'Bool'". The kernel is reached only for a non-empty index
-// (scatter_impl in aten/src/ATen/native/TensorAdvancedIndexing.cpp returns
-// before it otherwise), so an empty index computes (a copy of self) in every
-// mode. The CPU kernel computes bool prod, amax and amin (and refuses mean
-// with a message of its own), and the dtype policy's rules go by (op, dtype)
-// only (Note [Dtype policy]), so a front of the fallback reads `reduce` and
-// refuses the four as CUDA does, with CUDA's message in openreg's spelling
-// ("_openreg" for CUDA's "cuda_"), at the call, before anything is queued or
-// written. Left as it is: CUDA checks the arguments' shapes (the op's meta
-// function) before its kernel refuses, the front refuses first, and CUDA's
-// out= form has copied self into `out` when it refuses.
+// implemented for '<Dtype>'" (bool prod, complex mean, uint16 sum...). The
+// kernel is reached only for a non-empty index (scatter_impl in
+// aten/src/ATen/native/TensorAdvancedIndexing.cpp returns before it
+// otherwise), so an empty index computes (a copy of self) in every mode, and
+// under deterministic algorithms scatter_impl computes "sum" and "mean" by
+// index_put_ instead, which the front leaves to the CPU kernel. The
+// CPU kernel computes more (bool prod/amax/amin, complex prod/mean,
+// uint16/uint32/uint64 sum/prod; it refuses the rest with messages of its
+// own), and the dtype policy's rules go by (op, dtype) only (Note [Dtype
+// policy]), so a front of the fallback reads `reduce` and refuses as CUDA
+// does, with CUDA's message in openreg's spelling ("openreg_" for CUDA's
+// "cuda_"), at the call, before anything is queued or written. Left as it
+// is: CUDA checks the arguments' shapes (the op's meta function) before its
+// kernel refuses, the front refuses first, and CUDA's out= form has copied
+// self into `out` when it refuses.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 
 #include "torch_openreg/cpp/ops/dtype_policy.h"
@@ -28,10 +34,37 @@
 namespace openreg {
 namespace {
 
-// The reductions CUDA's kernel runs through its generic overload, which has
-// no bool.
-bool refuses_bool(std::string_view reduce) {
-  return reduce == "prod" || reduce == "amax" || reduce == "amin" || reduce == "mean";
+// AT_ALL_TYPES, half and bfloat16: what both overloads of CUDA's kernel
+// dispatch.
+bool is_all_types_and_half(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::kByte:
+    case c10::kChar:
+    case c10::kShort:
+    case c10::kInt:
+    case c10::kLong:
+    case c10::kFloat:
+    case c10::kDouble:
+    case c10::kHalf:
+    case c10::kBFloat16:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Whether CUDA refuses the call: its kernel runs for a non-empty index, and
+// not for "sum" and "mean" under deterministic algorithms (scatter_impl sends
+// them to _scatter_via_index_put); "sum" (the ReduceAdd overload) dispatches
+// bool, complex64 and complex128 too.
+bool refused_on_cuda(std::string_view reduce, c10::ScalarType dtype, const at::Tensor& index) {
+  if (index.numel() == 0 ||
+      ((reduce == "sum" || reduce == "mean") && at::globalContext().deterministicAlgorithms())) {
+    return false;
+  }
+  const bool add_overload_dtype =
+      dtype == c10::kBool || dtype == c10::kComplexFloat || dtype == c10::kComplexDouble;
+  return !is_all_types_and_half(dtype) && !(reduce == "sum" && add_overload_dtype);
 }
 
 // scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True)
@@ -44,11 +77,10 @@ void scatter_reduce_front(
     c10::DispatchKeySet keys,
     torch::jit::Stack* stack) {
   const c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(op.schema().arguments().size()));
-  const at::Tensor& self = args[0].toTensor();
+  const c10::ScalarType dtype = args[0].toTensor().scalar_type();
   TORCH_CHECK_NOT_IMPLEMENTED(
-      self.scalar_type() != c10::ScalarType::Bool || args[2].toTensor().numel() == 0 ||
-          !refuses_bool(args[4].toStringView()),
-      "\"openreg_scatter_gather_base_kernel_func\" not implemented for 'Bool'");
+      !refused_on_cuda(args[4].toStringView(), dtype, args[2].toTensor()),
+      "\"openreg_scatter_gather_base_kernel_func\" not implemented for '", dtype, "'");
   fallback.callBoxed(op, keys, stack);
 }
 

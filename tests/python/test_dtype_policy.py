@@ -161,6 +161,36 @@ def test_bool_scatter_reduce_is_refused_only_where_cuda_refuses_it(busy):
         ints.to(DEV).scatter_reduce(0, d_index, ints.to(DEV), "prod").cpu(), ints.scatter_reduce(0, index, ints, "prod"))
 
 
+def test_scatter_reduce_refuses_the_dtypes_cuda_kernel_lacks_for_each_reduction():
+    """Note [scatter_reduce dtypes]: CUDA's sum takes complex and refuses
+    uint16, its prod/amax/amin/mean refuse complex and the unsigned dtypes
+    (CPU computes complex prod/mean and unsigned sum/prod); under
+    deterministic algorithms CUDA's sum and mean run no scatter kernel."""
+    index = torch.tensor([0, 1, 0, 1])
+    z = torch.tensor([1 + 2j, 3 - 1j, 2j, -1 + 0j])
+    torch.testing.assert_close(
+        z.to(DEV).scatter_reduce(0, index.to(DEV), z.to(DEV), "sum").cpu(), z.scatter_reduce(0, index, z, "sum"))
+    for reduce in ("prod", "mean"):
+        z.scatter_reduce(0, index, z, reduce)  # CPU computes it
+        with pytest.raises(NotImplementedError, match="not implemented for 'ComplexFloat'"):
+            z.to(DEV).scatter_reduce(0, index.to(DEV), z.to(DEV), reduce)
+    u = torch.tensor([3, 1, 2, 5], dtype=torch.uint16)
+    message = "\"openreg_scatter_gather_base_kernel_func\" not implemented for 'UInt16'"
+    for reduce in ("sum", "prod"):
+        u.scatter_reduce(0, index, u, reduce)  # CPU computes it
+        with pytest.raises(NotImplementedError, match=message):
+            u.to(DEV).scatter_reduce(0, index.to(DEV), u.to(DEV), reduce)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        got = z.to(DEV).scatter_reduce(0, index.to(DEV), z.to(DEV), "mean").cpu()
+        torch.testing.assert_close(got, z.scatter_reduce(0, index, z, "mean"))
+        with pytest.raises(NotImplementedError, match="not implemented for 'ComplexFloat'"):
+            z.to(DEV).scatter_reduce(0, index.to(DEV), z.to(DEV), "prod")
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+
+
 def test_two_float8_e5m2_matrices_are_refused_as_cublaslt_refuses_them():
     """Note [Float8 matmul dtypes]: e5m2 beside e4m3fn computes, two e5m2
     raise CUDA's ValueError, for _scaled_mm and _scaled_mm_v2."""
