@@ -167,9 +167,10 @@ at::Tensor& bernoulli_tensor(at::Tensor& self, const at::Tensor& p, Gen gen) {
 // kernels below a range [base, base + range) (a range of 0 stands for 2^64).
 // The kernels accept the dtypes CUDA's do (aten/src/ATen/native/cuda/
 // DistributionTemplates.h), with their errors in openreg's spelling:
-//  - random_from_to_kernel: every integral, floating and bool dtype,
-//    uint16/uint32/uint64 included (so torch.randint and make_tensor draw
-//    them);
+//  - random_from_to_kernel: every integral dtype and bool, uint16/uint32/
+//    uint64 included (so torch.randint and make_tensor draw them), float32,
+//    float64, float16 and bfloat16 (not the float8 dtypes, which the front
+//    end refuses first);
 //  - random_kernel (`random_()`: [0, 2^digits] for floating dtypes, every
 //    integer the mantissa holds exactly, [0, max] for integral ones): not
 //    uint16/uint32/uint64, NotImplementedError;
