@@ -44,7 +44,7 @@ void nansum_front(
   const bool keepdim = args[2].toBool();
   const bool out_form = arguments == 5;
   // The result's dtype, as nansum_out reads it: `dtype`, else the out=
-  // tensor's, else the input's (get_dtype_from_result in ReduceOps.cpp).
+  // tensor's, else the input's (get_dtype_from_result, beside nansum_out).
   std::optional<c10::ScalarType> dtype = args[3].toOptional<c10::ScalarType>();
   if (out_form) {
     const c10::ScalarType out_dtype = args[4].toTensor().scalar_type();

@@ -6,8 +6,8 @@
 // multiply: it raises ValueError "Multiplication
 // of two Float8_e5m2 matrices is not supported" (_scaled_mm_out_cuda and
 // _scaled_mm_cuda_v2_out in aten/src/ATen/native/cuda/ScaledBlas.cpp, in
-// Blas.cpp before it; outside ROCm builds; the message is in the wheel's
-// libtorch_cuda.so). The CPU kernel multiplies them, and the dtype policy
+// aten/src/ATen/native/cuda/Blas.cpp before it; outside ROCm builds; the
+// message is in the wheel's libtorch_cuda.so). The CPU kernel multiplies them, and the dtype policy
 // reads one dtype per call (Note [Dtype policy]), so a front of the fallback
 // checks the pair, at the call. A float8_e5m2 matrix beside a float8_e4m3fn
 // one is computed, as on CUDA. Left as CPU has it: a float8_e4m3fnuz or
