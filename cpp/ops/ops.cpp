@@ -44,6 +44,7 @@ void register_half_precision_fft(KernelRegistrar& kernels);
 void register_complex_nansum(KernelRegistrar& kernels);
 void register_scatter_reduce(KernelRegistrar& kernels);
 void register_scaled_mm(KernelRegistrar& kernels);
+void register_device_named_ops(KernelRegistrar& kernels);
 
 namespace {
 
@@ -298,6 +299,7 @@ void register_ops() {
   register_complex_nansum(*kernels);
   register_scatter_reduce(*kernels);
   register_scaled_mm(*kernels);
+  register_device_named_ops(*kernels);
   // Last: it sends ops that have no openreg kernel by now to the fallback.
   register_fallback_kernels(*kernels);
   kernels->finish();
