@@ -59,6 +59,23 @@ c10::BoxedKernel dtype_checked(c10::KernelFunction kernel, const OpRules& rules)
 
 bool recording_dtypes();
 
+// AT_ALL_TYPES (ATen/Dispatch.h): the dtypes a CUDA kernel's dispatch list
+// names by that macro, beside the ones it adds (random_, scatter_reduce).
+inline bool is_all_types(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::kByte:
+    case c10::kChar:
+    case c10::kShort:
+    case c10::kInt:
+    case c10::kLong:
+    case c10::kFloat:
+    case c10::kDouble:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Whether openreg keeps the CPU kernels' dtypes (OPENREG_DTYPES=cpu), where
 // nothing computes a dtype only CUDA has.
 bool cpu_dtypes();

@@ -34,25 +34,6 @@
 namespace openreg {
 namespace {
 
-// AT_ALL_TYPES, half and bfloat16: what both overloads of CUDA's kernel
-// dispatch.
-bool is_all_types_and_half(c10::ScalarType dtype) {
-  switch (dtype) {
-    case c10::kByte:
-    case c10::kChar:
-    case c10::kShort:
-    case c10::kInt:
-    case c10::kLong:
-    case c10::kFloat:
-    case c10::kDouble:
-    case c10::kHalf:
-    case c10::kBFloat16:
-      return true;
-    default:
-      return false;
-  }
-}
-
 // Whether CUDA refuses the call: its kernel runs for a non-empty index, and
 // not for "sum" and "mean" under deterministic algorithms (scatter_impl sends
 // them to _scatter_via_index_put); "sum" (the ReduceAdd overload) dispatches
@@ -64,7 +45,8 @@ bool refused_on_cuda(std::string_view reduce, c10::ScalarType dtype, const at::T
   }
   const bool add_overload_dtype =
       dtype == c10::kBool || dtype == c10::kComplexFloat || dtype == c10::kComplexDouble;
-  return !is_all_types_and_half(dtype) && !(reduce == "sum" && add_overload_dtype);
+  const bool generic_overload_dtype = is_all_types(dtype) || dtype == c10::kHalf || dtype == c10::kBFloat16;
+  return !generic_overload_dtype && !(reduce == "sum" && add_overload_dtype);
 }
 
 // scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True)

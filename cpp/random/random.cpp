@@ -209,23 +209,6 @@ int64_t max_value(c10::ScalarType dtype) {
   }
 }
 
-// AT_ALL_TYPES: the dtypes each of CUDA's random kernels dispatches, beside
-// the ones it names.
-bool is_all_types(c10::ScalarType dtype) {
-  switch (dtype) {
-    case c10::kByte:
-    case c10::kChar:
-    case c10::kShort:
-    case c10::kInt:
-    case c10::kLong:
-    case c10::kFloat:
-    case c10::kDouble:
-      return true;
-    default:
-      return false;
-  }
-}
-
 at::Tensor& random_integers(at::Tensor& self, int64_t from, uint64_t range, Gen gen) {
   return generate(self, ffi::RandomFill{ffi::RandomKind::Integers, ffi::RandomElement::I64, 0, 0, from, range}, gen);
 }
