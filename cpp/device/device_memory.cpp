@@ -29,19 +29,25 @@ __attribute__((weak)) void omp_set_num_threads(int);
 
 namespace openreg {
 
-at::Tensor cpu_view(const at::Tensor& t) {
-  TORCH_CHECK(
-      t.layout() == c10::kStrided, "openreg supports strided tensors only, got layout ", t.layout());
-  const c10::Storage& storage = t.storage();
+c10::Storage cpu_storage_alias(const c10::Storage& storage) {
   check_memory_generation(storage);
-  c10::Storage alias(
+  return c10::Storage(
       c10::Storage::use_byte_size_t(),
       storage.nbytes(),
       c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)),
       c10::GetCPUAllocator(),
       /*resizable=*/true);
+}
+
+at::Tensor cpu_view(const at::Tensor& t) {
+  TORCH_CHECK(
+      t.layout() == c10::kStrided, "openreg supports strided tensors only, got layout ", t.layout());
+  return cpu_view_over(t, cpu_storage_alias(t.storage()));
+}
+
+at::Tensor cpu_view_over(const at::Tensor& t, c10::Storage cpu_storage) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(
-      std::move(alias), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+      std::move(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   impl->_set_conj(t.is_conj());
   impl->_set_neg(t.is_neg());

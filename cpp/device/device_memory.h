@@ -27,6 +27,17 @@ namespace openreg {
 // caller must carry back to the device (see Note [Fallback]).
 at::Tensor cpu_view(const at::Tensor& t);
 
+// A CPU storage over the same bytes as the openreg `storage`, not owning
+// them (what cpu_view's view holds).
+c10::Storage cpu_storage_alias(const c10::Storage& storage);
+
+// cpu_view(t) (t strided) over `cpu_storage`, a cpu_storage_alias of t's
+// storage. Views of tensors sharing device memory should share one such
+// storage when one CPU kernel sees them together: its overlap checks
+// (assert_no_overlap, TensorIterator's) know memory as shared only through
+// the storage (Note [Errors at the call] in cpp/ops/fallback.cpp).
+at::Tensor cpu_view_over(const at::Tensor& t, c10::Storage cpu_storage);
+
 // Note [Scratch views]: what cpu_view(t) gives, for a kernel running inline
 // on this thread, without allocating. Each of kScratchViews slots per thread
 // keeps the TensorImpl and StorageImpl of its last view and re-points them

@@ -22,10 +22,10 @@
 //  3. Waited: otherwise, when the results cannot be known without
 //     running the op (no Meta kernel; a data-dependent shape, as nonzero's;
 //     a non-tensor result; a generator argument, whose state must advance
-//     at the call), or the first time a plan is made while the stream is
-//     idle (the run checks it; behind queued work, or for a split kernel,
-//     route 2 takes the plan and its kernel checks it: Note [Plans checked
-//     by the kernel]).
+//     at the call), or the first time a plan is made (the run checks it;
+//     for a split kernel, route 2 takes the plan and its kernel checks it
+//     while the host waits: Note [Plans checked by the kernel]). Either way
+//     a first call raises its errors at the call (Note [Errors at the call]).
 //     The CPU kernel runs as the stream's next work and the host waits for
 //     it, as CUDA waits for nonzero.
 // After routes 1 and 3 the CPU kernel's results are on the host: results
@@ -36,6 +36,33 @@
 //
 // Every route checks devices first, as CUDA does: openreg tensors on one
 // device; a CPU tensor only as a read 0-dim scalar (or as indices).
+//
+// Note [Errors at the call]: CUDA checks an op's arguments on the host
+// before it launches anything, so an error that depends only on metadata
+// (shapes, dtypes, devices, overlapping memory) or on argument values is
+// raised by the call itself, whether the stream is idle or busy. The CPU
+// kernel makes the same checks in the same words, so openreg lets it make
+// them where the caller sees them:
+//  - A call whose results are not planned yet, or whose plan is new, runs
+//    its kernel where the host waits (route 1 or 3; a split kernel, route 2
+//    waited). A plan is trusted only once the CPU kernel accepted arguments
+//    of exactly its key (metadata, aliasing and non-tensor values, Note
+//    [Meta results]), so a call queued on a trusted plan passes every such
+//    check; a plan whose first kernel raised is never trusted, and later
+//    calls with that key wait again and raise again.
+//  - The CPU kernel sees what the openreg tensors share: one call's views
+//    of one device storage share one CPU storage, and a tensor passed twice
+//    is one view, so assert_no_overlap, assert_no_internal_overlap and
+//    TensorIterator's overlap checks raise as they would on CPU (gather's,
+//    cat's, aminmax's out= checks...).
+// What remains for a later wait are checks of tensor contents in a call
+// queued on a trusted plan: an index out of range (index, index_select,
+// gather, scatter, take, embedding, nll_loss's targets). CUDA reports those by
+// a device-side assert at its next synchronizing call; openreg parks the
+// kernel's error, which names the op (Note [Sticky kernel failures] in
+// src/runtime/stream.rs), for its next synchronizing call. Own kernels
+// check their arguments at the call (the random kernels run PyTorch's
+// checks in PyTorch's words before they queue).
 //
 // Note [Nested tensors]: a nested openreg tensor is a NestedTensorImpl whose
 // buffer is device memory (dispatch key NestedTensorPrivateUse1). PyTorch
@@ -284,9 +311,18 @@ class Call {
         if (is_sparse_any(t)) {
           return sparse_cpu_view(t);
         }
+        if (!t.is_nested() && !t.is_quantized()) {
+          // One view per tensor and one CPU storage per device storage (Note
+          // [Errors at the call]).
+          for (const auto& [view, original] : views_) {
+            if (original.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+              return view;
+            }
+          }
+        }
         at::Tensor view = t.is_nested()      ? nested_over(cpu_view(nested_buffer(t)), t)
             : t.is_quantized() ? quantized_over(cpu_view(quantized_bytes(t)), t, at::get_qtensorimpl(t)->quantizer())
-                               : cpu_view(t);
+                               : cpu_view_over(t, cpu_storage_of(t));
         views_.emplace_back(view, t);
         return view;
       });
@@ -310,6 +346,16 @@ class Call {
         }
       });
     }
+  }
+
+  // The one CPU storage of this call's views of t's device memory (Note
+  // [Errors at the call]).
+  c10::Storage cpu_storage_of(const at::Tensor& t) {
+    auto [it, inserted] = cpu_storages_.try_emplace(t.storage().unsafeGetStorageImpl());
+    if (inserted) {
+      it->second = cpu_storage_alias(t.storage());
+    }
+    return it->second;
   }
 
   // Routes 1 and 3, after the kernel: each host result becomes the openreg
@@ -474,6 +520,7 @@ class Call {
   bool written_host_tensor_ = false;
   std::vector<std::pair<at::Tensor, at::Tensor>> views_; // (CPU view, openreg original), dense
   std::vector<std::pair<at::Tensor, at::Tensor>> sparse_views_; // the same, sparse
+  std::unordered_map<const c10::StorageImpl*, c10::Storage> cpu_storages_; // by device storage
 };
 
 // A host tensor argument of a queued kernel is copied at the call, as CUDA
@@ -636,16 +683,17 @@ std::optional<OutVariant> out_variant(const c10::OperatorHandle& op) {
 }
 
 // Note [Plans checked by the kernel]: a plan not yet checked (route 2 of
-// Note [Fallback], when the stream is busy or the kernel is split) is
+// Note [Fallback], when the kernel is split, or while a graph captures) is
 // checked where the kernel runs: the CPU kernel's results must have the
 // planned dtypes and shapes (and views the planned geometry) before they are
-// written where the plan put them. A mismatch fails the kernel, which the
-// next synchronizing call reports (Note [Sticky kernel failures] in
-// src/runtime/stream.rs) with the op's name; the plan is then dropped and the op's
-// later new plans are checked where the host waits. A kernel that warns
-// marks its plan unusable too, so that later calls raise their warnings on
-// the caller's thread (Note [Kernel warnings]); this first call's warnings
-// go to the worker's handler.
+// written where the plan put them. The host waits for a split kernel's
+// first run (Note [Errors at the call]): a mismatch, or an error of the
+// kernel, raises at the call, and the plan is never trusted (after a
+// mismatch, the op's later new plans are checked by an unsplit run). A captured kernel's mismatch
+// fails the replay, which the next synchronizing call reports (Note [Sticky
+// kernel failures] in src/runtime/stream.rs). A kernel that warns marks its
+// plan unusable too, so that later calls raise their warnings on the
+// caller's thread (Note [Kernel warnings]).
 class QueuedKernel {
  public:
   QueuedKernel(c10::OperatorHandle op, c10::DispatchKeySet keys, torch::jit::Stack arguments,
@@ -734,7 +782,8 @@ class QueuedKernel {
 };
 
 // Route 2 (see the Note) with the planned results; `check`: the plan's
-// check, for a plan used unchecked (Note [Plans checked by the kernel]).
+// check, for a plan used unchecked (Note [Plans checked by the kernel]),
+// whose kernel the host then waits for (Note [Errors at the call]).
 void queue_with_planned_results(
     Call& call,
     c10::Device device,
@@ -776,11 +825,14 @@ void queue_with_planned_results(
     std::optional<OutVariant> out =
         check || !memory.all_new || keys != c10::DispatchKeySet(c10::DispatchKey::CPU) ? std::nullopt
                                                                                       : out_variant(call.op);
-    queue_kernel(
-        device.index(),
-        QueuedKernel(call.op, keys, std::move(arguments), std::move(destinations), std::move(split), std::move(check),
-                     std::move(out)),
-        ffi::LaunchMode::Queue, std::move(info));
+    const bool waited = check != nullptr;
+    QueuedKernel kernel(call.op, keys, std::move(arguments), std::move(destinations), std::move(split),
+                        std::move(check), std::move(out));
+    if (waited) {
+      run_in_stream_order(device.index(), "", kernel, call.op.schema().name().c_str(), [&info] { return info; });
+    } else {
+      queue_kernel(device.index(), std::move(kernel), ffi::LaunchMode::Queue, std::move(info));
+    }
   }
   call.stack.erase(call.stack.begin() + call.first_arg, call.stack.end());
   call.stack.insert(call.stack.end(), results.begin(), results.end());
@@ -862,9 +914,8 @@ void run_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool quan
   PlanLookup lookup = call.has_sparse_tensors() ? plan_sparse_results(op, call.arguments(), device)
       : call.has_wrapped_tensors()                 ? PlanLookup()
                                                    : plan_results(op, call.arguments(), device, /*accept_unchecked=*/capturing);
-  if (!call.has_sparse_tensors() && !lookup.planned && lookup.to_check && may_use_unchecked(op) &&
-      (split.split() || !checked([&] { return ffi::current_stream_idle(device.index()); }))) {
-    // Note [Plans checked by the kernel]: no host wait for the check.
+  if (!call.has_sparse_tensors() && !lookup.planned && lookup.to_check && may_use_unchecked(op) && split.split()) {
+    // Note [Plans checked by the kernel]: the split kernel checks it.
     std::shared_ptr<PlanToCheck> check = std::move(lookup.to_check);
     lookup = plan_results(op, call.arguments(), device, /*accept_unchecked=*/true);
     if (lookup.planned) {
@@ -1208,6 +1259,13 @@ void run_foreach(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 //    beyond float16 tolerance. With a kernel for the backend, autograd uses
 //    the op's own derivative, as on CPU, instead of differentiating the
 //    decomposition.
+// Except narrow_copy: its composite (narrow, then a copy) is what CUDA runs,
+// and the CPU kernel checks its arguments in other words than narrow's
+// (Note [Errors at the call]).
+static bool cuda_runs_the_composite(const std::string& name) {
+  return name == "narrow_copy";
+}
+
 void register_fallback_kernels(KernelRegistrar& kernels) {
   for_each_aten_op([&](const c10::OperatorHandle& op, const std::string& name) {
     if (op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
@@ -1217,7 +1275,7 @@ void register_fallback_kernels(KernelRegistrar& kernels) {
       kernels.unchecked<&run_foreach>(name);
       return;
     }
-    if (!op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+    if (!op.hasKernelForDispatchKey(c10::DispatchKey::CPU) || cuda_runs_the_composite(name)) {
       return;
     }
     const bool functional_structured =

@@ -115,6 +115,8 @@ at::Tensor& normal_(at::Tensor& self, double mean, double std, Gen gen) {
 
 at::Tensor& log_normal_(at::Tensor& self, double mean, double std, Gen gen) {
   check_floating(self, "log_normal_");
+  // log_normal_impl_'s check (DistributionTemplates.h), at the call.
+  TORCH_CHECK(std > 0.0, "log_normal_ expects std > 0.0, but found std=", std);
   return generate_float(self, ffi::RandomKind::LogNormal, mean, std, gen);
 }
 
@@ -291,22 +293,35 @@ at::Tensor& randperm_out(int64_t n, Gen gen, at::Tensor& out) {
   return out;
 }
 
+// multinomial_out's checks of its arguments' metadata, in its order and
+// words (Distributions.cpp, shared by CPU and CUDA): they run at the call,
+// before anything reads the probabilities.
+void check_multinomial(const at::Tensor& self, int64_t n, bool replacement, const at::Tensor& out) {
+  TORCH_CHECK(out.device() == self.device(), "multinomial arguments must have the same device");
+  TORCH_CHECK(self.dim() > 0 && self.dim() <= 2, "prob_dist must be 1 or 2 dim");
+  TORCH_CHECK(c10::isFloatingType(self.scalar_type()), "multinomial only supports floating-point dtypes for input, got: ",
+              self.scalar_type());
+  TORCH_CHECK(out.scalar_type() == c10::kLong, "multinomial expects Long tensor out, got: ", out.scalar_type());
+  TORCH_CHECK(n > 0, "cannot sample n_sample <= 0 samples");
+  const int64_t categories = self.size(-1);
+  TORCH_CHECK(replacement || n <= categories,
+              "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
+  // The largest consecutive integer a float32 holds: CUDA's kernels index
+  // categories through float.
+  constexpr int64_t kFloat32ConsecutiveInts = int64_t{1} << 24;
+  TORCH_CHECK(categories <= kFloat32ConsecutiveInts, "number of categories cannot exceed 2^24");
+}
+
 // As PyTorch's: without replacement (or for one sample) the largest keys
 // p / q with q ~ Exp(1) (exponential races); with replacement an inverse-CDF
-// lookup of uniforms.
+// lookup of uniforms. `self` passed check_multinomial.
 at::Tensor sample_multinomial(const at::Tensor& self, int64_t n, bool replacement, Gen gen) {
-  TORCH_CHECK(self.dim() == 1 || self.dim() == 2, "multinomial: prob_dist must be 1 or 2 dim, got ", self.dim());
-  TORCH_CHECK(c10::isFloatingType(self.scalar_type()), "multinomial only supports floating-point dtypes for input, got ", self.scalar_type());
-  TORCH_CHECK(n > 0, "multinomial: cannot sample n_sample <= 0 samples, got ", n);
   const int64_t categories = self.size(-1);
-  TORCH_CHECK(
-      replacement || n <= categories, "multinomial: cannot sample n_sample > prob_dist.size(-1) samples without replacement (",
-      n, " > ", categories, ")");
   c10::DeviceGuard guard(self.device());
   TORCH_CHECK(
       !self.lt(0).logical_or(self.isinf()).logical_or(self.isnan()).any().item<bool>(),
-      "multinomial: probability tensor contains either `inf`, `nan` or element < 0");
-  TORCH_CHECK(self.sum(-1).gt(0).all().item<bool>(), "multinomial: invalid multinomial distribution (sum of probabilities <= 0)");
+      "probability tensor contains either `inf`, `nan` or element < 0");
+  TORCH_CHECK(self.sum(-1).gt(0).all().item<bool>(), "invalid multinomial distribution (sum of probabilities <= 0)");
   if (!replacement || n == 1) {
     at::Tensor q = at::empty_like(self);
     exponential_(q, 1, gen);
@@ -323,9 +338,17 @@ at::Tensor sample_multinomial(const at::Tensor& self, int64_t n, bool replacemen
 }
 
 at::Tensor& multinomial_out(const at::Tensor& self, int64_t n, bool replacement, Gen gen, at::Tensor& out) {
-  at::Tensor result = sample_multinomial(self, n, replacement, gen);
-  out.resize_(result.sizes());
-  return out.copy_(result);
+  check_multinomial(self, n, replacement, out);
+  out.resize_(self.dim() == 1 ? std::vector<int64_t>{n} : std::vector<int64_t>{self.size(0), n});
+  if (out.numel() == 0) {
+    return out;
+  }
+  return out.copy_(sample_multinomial(self, n, replacement, gen));
+}
+
+at::Tensor multinomial(const at::Tensor& self, int64_t n, bool replacement, Gen gen) {
+  at::Tensor out = at::empty({0}, self.options().dtype(c10::kLong));
+  return multinomial_out(self, n, replacement, gen, out);
 }
 
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train) {
@@ -383,7 +406,7 @@ void register_random(KernelRegistrar& kernels) {
   kernels.impl("random_.to", TORCH_FN(random_to));
   kernels.impl("random_.from", TORCH_FN(random_from));
   kernels.impl("randperm.generator_out", TORCH_FN(randperm_out));
-  kernels.impl("multinomial", TORCH_FN(sample_multinomial));
+  kernels.impl("multinomial", TORCH_FN(multinomial));
   kernels.impl("multinomial.out", TORCH_FN(multinomial_out));
   kernels.impl("native_dropout", TORCH_FN(native_dropout));
   kernels.impl("normal.Tensor_float", TORCH_FN(normal_tensor_float));

@@ -432,7 +432,7 @@ impl StreamQueue {
                         st.retired.push(task);
                     }
                     st.running = None;
-                    if let Err(e) = self.flatten(outcome) {
+                    if let Err(e) = self.flatten(outcome, name) {
                         self.park_failure(&mut st, || e);
                     }
                     if is_kernel {
@@ -456,9 +456,15 @@ impl StreamQueue {
         }
     }
 
-    fn flatten(&self, outcome: std::thread::Result<Result<()>>) -> Result<()> {
+    /// A task's outcome as a runtime result; a failed kernel's error names
+    /// it (a failure reported at a later wait says which op failed).
+    fn flatten(&self, outcome: std::thread::Result<Result<()>>, name: TaskName) -> Result<()> {
         match outcome {
             Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) if name.kernel => Err(Error::new(
+                e.kind,
+                format!("{name} on {self} failed: {e}"),
+            )),
             Ok(Err(e)) => Err(Error::new(
                 e.kind,
                 format!("a kernel on {self} failed: {e}"),
@@ -475,7 +481,7 @@ impl StreamQueue {
         }
         let outcome = catch_unwind(AssertUnwindSafe(move || run(&mut { task })));
         self.end_inline();
-        self.flatten(outcome)
+        self.flatten(outcome, name)
     }
 
     /// Reserves the idle stream for work the caller runs itself; false if

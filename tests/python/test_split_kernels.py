@@ -180,16 +180,19 @@ def test_large_split_kernels_equal_cpu():
 
 def test_a_failing_chunk_fails_its_kernel_once():
     # remainder of integers by zero raises in the CPU kernel: here in the
-    # last of the split kernel's chunks. The kernel fails (every chunk has
-    # finished), the next synchronizing call reports it, and the device
-    # goes on.
+    # last of the split kernel's chunks, a check of contents. Once the
+    # call's plan is trusted (the first call of these shapes waits for its
+    # kernel: Note [Errors at the call]), the kernel is queued and fails
+    # (every chunk has finished), the next synchronizing call reports it,
+    # naming the op, and the device goes on.
     n = 1 << 20
     divisor = torch.ones(n, dtype=torch.int64)
     divisor[-1] = 0
     a = torch.arange(n, device="openreg")
     d = divisor.to("openreg")
+    torch.remainder(a, d + 1)
     torch.openreg._sleep(5)
     torch.remainder(a, d)
-    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+    with pytest.raises(RuntimeError, match='kernel "aten::remainder" .*ZeroDivisionError'):
         torch.openreg.synchronize()
     torch.testing.assert_close(torch.remainder(a, d + 1).cpu(), torch.remainder(a.cpu(), divisor + 1))
