@@ -76,7 +76,7 @@ fn main() {
         "cpp/ops/fallback.cpp",
         "cpp/ops/sparse_kernels.cpp",
         "cpp/ops/half_precision_fft.cpp",
-        "cpp/ops/complex_nansum.cpp",
+        "cpp/ops/nansum.cpp",
         "cpp/ops/scatter_reduce.cpp",
         "cpp/ops/scaled_mm.cpp",
         "cpp/ops/device_named_ops.cpp",

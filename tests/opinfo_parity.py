@@ -320,7 +320,7 @@ def nan_zeroed(x):
 # CUDA's kernel, as a formula of ops CPU has, for an op whose CPU kernel
 # refuses every dtype of a kind: CPU's nansum refuses complex inputs (by
 # device); CUDA's leaves out an element either part of which is NaN (Note
-# [Complex nansum] in cpp/ops/complex_nansum.cpp), and nanmean divides that
+# [Complex nansum] in cpp/ops/nansum.cpp), and nanmean divides that
 # sum by the count of the others.
 COMPLEX_FORMULAS = {
     "nansum": lambda x, dim=None, keepdim=False, dtype=None: nan_zeroed(x).sum(dim, keepdim, dtype=dtype),

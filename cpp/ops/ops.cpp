@@ -41,7 +41,7 @@ void register_attention(KernelRegistrar& kernels);
 void register_flash_efficient_attention(KernelRegistrar& kernels);
 void register_accelerator_ops(KernelRegistrar& kernels);
 void register_half_precision_fft(KernelRegistrar& kernels);
-void register_complex_nansum(KernelRegistrar& kernels);
+void register_nansum(KernelRegistrar& kernels);
 void register_scatter_reduce(KernelRegistrar& kernels);
 void register_scaled_mm(KernelRegistrar& kernels);
 void register_device_named_ops(KernelRegistrar& kernels);
@@ -296,7 +296,7 @@ void register_ops() {
   register_flash_efficient_attention(*kernels);
   register_accelerator_ops(*kernels);
   register_half_precision_fft(*kernels);
-  register_complex_nansum(*kernels);
+  register_nansum(*kernels);
   register_scatter_reduce(*kernels);
   register_scaled_mm(*kernels);
   register_device_named_ops(*kernels);

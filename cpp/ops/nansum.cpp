@@ -1,4 +1,5 @@
-// nansum of complex tensors on openreg, as CUDA computes it.
+// nansum on openreg as CUDA computes it, where CPU's kernel refuses or
+// rounds otherwise. nanmean is a composite over nansum and follows.
 //
 // Note [Complex nansum]
 // ~~~~~~~~~~~~~~~~~~~~~
@@ -12,12 +13,26 @@
 // complex input, openreg's nansum (and its out= form) sums
 // where(isnan(self), 0, self) with the call's dim, keepdim and dtype, each
 // step ordinary stream work; complex32 is summed in complex64 and rounded
-// once (as CUDA accumulates it). Every other input goes to the fallback.
-// nanmean is a composite over nansum and follows.
+// once (as CUDA accumulates it).
+//
+// Note [Reduced-precision nansum]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// CUDA accumulates a float16 or bfloat16 nansum in float32 whatever the
+// input's layout (acc_type, NanSumOps) and rounds the result once. CPU's
+// nansum kernel does so for a contiguous input only: over a strided one
+// (a transpose, a slice) it adds in the input's dtype, so the same values
+// in another layout give another sum (a 7x5x5 float16 slice: 9.1953 where
+// the contiguous copy gives 9.1797, the float32 sum 9.1782). openreg sums
+// a contiguous float32 copy and rounds once to the result's dtype: the
+// same bits for every layout, and CUDA's accumulation.
+//
+// Every other input goes to the fallback.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
 #include <ATen/native/Resize.h>
 #include <ATen/ops/isnan.h>
+#include <ATen/ops/nansum.h>
+#include <ATen/ops/to.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/where.h>
 
@@ -36,7 +51,8 @@ void nansum_front(
   const size_t arguments = op.schema().arguments().size();
   const c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(arguments));
   const at::Tensor& self = args[0].toTensor();
-  if (!self.is_complex()) {
+  const bool reduced_float = self.scalar_type() == c10::kHalf || self.scalar_type() == c10::kBFloat16;
+  if (!self.is_complex() && !reduced_float) {
     fallback.callBoxed(op, keys, stack);
     return;
   }
@@ -53,15 +69,23 @@ void nansum_front(
         c10::toString(out_dtype), " and ", c10::toString(*dtype), ".");
     dtype = out_dtype;
   }
-  // complex32 is summed in complex64 and rounded once.
-  const bool half_result = dtype.value_or(self.scalar_type()) == c10::ScalarType::ComplexHalf;
-  const at::Tensor values =
-      self.scalar_type() == c10::ScalarType::ComplexHalf ? self.to(c10::ScalarType::ComplexFloat) : self;
-  at::Tensor result = at::sum(
-      at::where(at::isnan(values), c10::Scalar(0), values), at::OptionalIntArrayRef(dim), keepdim,
-      half_result ? std::optional(c10::ScalarType::ComplexFloat) : dtype);
-  if (half_result) {
-    result = result.to(c10::ScalarType::ComplexHalf);
+  at::Tensor result;
+  if (reduced_float) {
+    // Note [Reduced-precision nansum]: a contiguous float32 copy, one rounding.
+    const c10::ScalarType result_dtype = dtype.value_or(self.scalar_type());
+    at::Tensor wide = self.to(c10::kFloat, /*non_blocking=*/false, /*copy=*/false, c10::MemoryFormat::Contiguous);
+    result = at::nansum(wide, at::OptionalIntArrayRef(dim), keepdim, c10::kFloat).to(result_dtype);
+  } else {
+    // complex32 is summed in complex64 and rounded once.
+    const bool half_result = dtype.value_or(self.scalar_type()) == c10::ScalarType::ComplexHalf;
+    const at::Tensor values =
+        self.scalar_type() == c10::ScalarType::ComplexHalf ? self.to(c10::ScalarType::ComplexFloat) : self;
+    result = at::sum(
+        at::where(at::isnan(values), c10::Scalar(0), values), at::OptionalIntArrayRef(dim), keepdim,
+        half_result ? std::optional(c10::ScalarType::ComplexFloat) : dtype);
+    if (half_result) {
+      result = result.to(c10::ScalarType::ComplexHalf);
+    }
   }
   if (out_form) {
     at::Tensor out = args[4].toTensor();
@@ -75,7 +99,7 @@ void nansum_front(
 
 } // namespace
 
-void register_complex_nansum(KernelRegistrar& kernels) {
+void register_nansum(KernelRegistrar& kernels) {
   for (const char* name : {"nansum", "nansum.out"}) {
     kernels.fallback(name, &nansum_front);
   }
