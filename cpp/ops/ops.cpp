@@ -74,8 +74,9 @@ void check_factory_args(std::optional<c10::Layout> layout, std::optional<bool> p
 // Note [Uninitialized memory in deterministic mode]: with
 // torch.use_deterministic_algorithms(True) and
 // torch.utils.deterministic.fill_uninitialized_memory (its default), CUDA's
-// empty, empty_strided and resize_ (empty_cuda, empty_strided_cuda in
-// TensorFactories.cu, resize_cuda_ in Resize.cpp) fill the memory they hand
+// empty, empty_strided and resize_ (empty_cuda and empty_strided_cuda,
+// aten/src/ATen/native/cuda/TensorFactories.cu; resize_cuda_,
+// aten/src/ATen/native/cuda/Resize.cpp) fill the memory they hand
 // out uninitialized with NaN (floating and complex dtypes) or the dtype's
 // largest value (integers, True), so that reading it is reproducible; so do
 // openreg's, with fills queued as stream work. Results the kernels allocate
