@@ -24,8 +24,9 @@
 //    Sorting.cpp; the full reductions have no indices and do not alert);
 //  - max_unpool2d/3d (+out) (MaxUnpooling.cu);
 //  - nll_loss2d_forward (+output) with a reduction other than 'none'
-//    (nll_loss2d_forward_out_cuda_template, NLLLoss2d.cu; the 1-D/2-D input
-//    nll_loss_forward has no alert);
+//    (nll_loss2d_forward_out_cuda_template, NLLLoss2d.cu): NLLLoss of an input
+//    of 3 or more dimensions, which nll_loss_nd sends there; nll_loss_forward
+//    (1-D and 2-D inputs) has no alert;
 //  - scatter_reduce.two (+out) with reduce='prod' and a non-empty index
 //    (scatter_reduce_two_cuda_kernel, ScatterGatherKernel.cu: only its prod
 //    case alerts; under deterministic mode scatter_impl sends 'sum' and 'mean'
@@ -58,7 +59,9 @@
 //    (interpolate's bilinear, bicubic and trilinear decompositions test
 //    `not input.is_cpu` and are taken on openreg as on CUDA.)
 //  - cudnn_grid_sampler_backward: openreg has no cuDNN path; grid_sample takes
-//    the native kernels, whose backward alerts under its own name.
+//    the native kernels, whose backward alerts under its own name. Likewise
+//    CTCLoss with CPU int32 targets, which CUDA may compute with cuDNN
+//    (no alert), takes the native backward (an alert) on openreg.
 //  - scatter_cuda_kernel's alert (scatter with a tensor src): deterministic
 //    mode sends that call to index_put_ before the kernel, so it never fires.
 // Where CUDA checks its arguments first (a structured kernel's meta function,
@@ -69,8 +72,10 @@
 // CUDA); a kernel queued behind busy work warns again on the stream's worker
 // (Note [Kernel warnings]). torch.use_deterministic_algorithms' documentation
 // differs from the wheel: it lists ReflectionPad2d's backward (no alert left in
-// CUDA's reflection_pad2d_backward) and kthvalue for MPS only, and leaves out
-// index_reduce and scatter_reduce's prod, which do alert on CUDA.
+// CUDA's reflection_pad2d_backward), says scatter_reduce alerts on CUDA (only
+// 'prod' does: 'sum' and 'mean' take index_put_, amax and amin do not alert),
+// and leaves out index_reduce, nanmedian and the antialiased interpolations,
+// which alert on CUDA; kthvalue alerts on MPS only, as it says.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
 #include <string>

@@ -216,6 +216,11 @@ ALERTS = [
     ("ReflectionPad3d", "reflection_pad3d_backward_out_openreg", backward_of(torch.nn.ReflectionPad3d((1, 2, 3, 4, 5, 6)), 2, 3, 8, 8, 8)),
     ("NLLLoss2d", "nll_loss2d_forward_out_openreg_template", call_of(nll_loss_2d("mean"))),
     ("NLLLoss2d_sum", "nll_loss2d_forward_out_openreg_template", call_of(nll_loss_2d("sum"))),
+    (
+        "NLLLoss_3d_input",
+        "nll_loss2d_forward_out_openreg_template",
+        call_of(lambda d: F.nll_loss(randn(2, 3, 5, device=d), torch.tensor([[0, 1, 2, 1, 0], [2, 2, 1, 0, 0]], device=d))),
+    ),
     ("CTCLoss", "ctc_loss_backward_openreg", ctc_loss_program),
     ("EmbeddingBag_max", "embedding_bag_backward_openreg_max", embedding_bag_program("max")),
     ("put_", "put_", call_of(put(accumulate=False, inplace=True))),
