@@ -80,6 +80,7 @@ fn main() {
         "cpp/ops/scatter_reduce.cpp",
         "cpp/ops/scaled_mm.cpp",
         "cpp/ops/device_named_ops.cpp",
+        "cpp/ops/deterministic_alerts.cpp",
         "cpp/ops/kernel_split.cpp",
         "cpp/ops/dtype_policy.cpp",
         "cpp/ops/meta_results.cpp",

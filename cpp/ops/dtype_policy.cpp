@@ -280,19 +280,36 @@ class RecordingKernel final : public c10::OperatorKernel {
   c10::KernelFunction kernel_;
 };
 
-// The fallback behind a front (KernelRegistrar::fallback).
-class FrontedKernel final : public c10::OperatorKernel {
+// Step `index` of an op's chain of fronts: that front, with the next step
+// (or, after the last front, the fallback) as its `fallback`.
+class FrontStep final : public c10::OperatorKernel {
  public:
-  FrontedKernel(FallbackFront front, c10::BoxedKernel fallback) : front_(front), fallback_(std::move(fallback)) {}
+  FrontStep(const FrontChain* chain, size_t index) : chain_(chain), index_(index) {}
 
-  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-    front_(fallback_, op, keys, stack);
-  }
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
 
  private:
-  FallbackFront front_;
-  c10::BoxedKernel fallback_;
+  const FrontChain* chain_;
+  size_t index_;
 };
+
+} // namespace
+
+// An op's fronts in registration order, before the fallback under the
+// policy (KernelRegistrar::fallback). Made while the library loads, read
+// only afterwards; the registrar keeps it for the life of the process.
+struct FrontChain {
+  std::vector<FallbackFront> fronts;
+  std::vector<c10::BoxedKernel> steps; // steps[i] runs fronts[i]
+  c10::BoxedKernel fallback;
+};
+
+namespace {
+
+void FrontStep::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const c10::BoxedKernel& next = index_ + 1 < chain_->steps.size() ? chain_->steps[index_ + 1] : chain_->fallback;
+  chain_->fronts[index_](next, op, keys, stack);
+}
 
 } // namespace
 
@@ -384,9 +401,14 @@ void KernelRegistrar::fallback(const std::string& name) {
 }
 
 void KernelRegistrar::fallback(const std::string& name, FallbackFront front) {
-  aten_.impl(
-      name.c_str(),
-      torch::CppFunction::makeFromBoxedFunctor(std::make_unique<FrontedKernel>(front, fallback_under_policy(name))));
+  auto [found, first] = fronts_.try_emplace(name, std::make_shared<FrontChain>());
+  FrontChain& chain = *found->second;
+  chain.fronts.push_back(front);
+  chain.steps.push_back(c10::BoxedKernel::makeFromFunctor(std::make_unique<FrontStep>(&chain, chain.fronts.size() - 1)));
+  if (first) {
+    chain.fallback = fallback_under_policy(name);
+    aten_.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<FrontStep>(&chain, 0)));
+  }
 }
 
 void KernelRegistrar::finish() {

@@ -28,8 +28,11 @@
 #pragma once
 
 #include <array>
+#include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -146,6 +149,9 @@ class UnboxedDtypeCheck<c10::CompileTimeFunctionPointer<Ret(Args...), kernel>> {
   }
 };
 
+// An op's fronts before the fallback (dtype_policy.cpp).
+struct FrontChain;
+
 // Registers openreg's PrivateUse1 kernels for aten ops, each through the
 // dtype policy (see the Note).
 class KernelRegistrar {
@@ -171,7 +177,10 @@ class KernelRegistrar {
   void fallback(const std::string& name);
 
   // `name` runs `front`, which sees each call before the dtype policy does,
-  // in front of the boxed fallback.
+  // in front of the boxed fallback. A name may have several fronts (a
+  // deterministic alert, Note [Deterministic alerts], before a dtype
+  // refusal): they run in the order registered, each front's `fallback`
+  // being the next front, the last one's the fallback under the policy.
   void fallback(const std::string& name, FallbackFront front);
 
   // `name` runs `kernel` as it is, outside the policy: a kernel that checks
@@ -195,6 +204,8 @@ class KernelRegistrar {
   c10::BoxedKernel fallback_under_policy(const std::string& name);
 
   torch::Library& aten_;
+  // The fronts registered so far, by name (KernelRegistrar::fallback).
+  std::unordered_map<std::string, std::shared_ptr<FrontChain>> fronts_;
 };
 
 // OPENREG_DTYPES=record: the backend fallback runs through `run_recorded`

@@ -4,7 +4,10 @@
 // at load, not by a static registrar.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/native/ResizeCommon.h>
+#include <ATen/native/TensorFactories.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -45,6 +48,7 @@ void register_nansum(KernelRegistrar& kernels);
 void register_scatter_reduce(KernelRegistrar& kernels);
 void register_scaled_mm(KernelRegistrar& kernels);
 void register_device_named_ops(KernelRegistrar& kernels);
+void register_deterministic_alerts(KernelRegistrar& kernels);
 
 namespace {
 
@@ -67,6 +71,22 @@ void check_factory_args(std::optional<c10::Layout> layout, std::optional<bool> p
   TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "only CPU memory can be pinned");
 }
 
+// Note [Uninitialized memory in deterministic mode]: with
+// torch.use_deterministic_algorithms(True) and
+// torch.utils.deterministic.fill_uninitialized_memory (its default), CUDA's
+// empty, empty_strided and resize_ (empty_cuda and empty_strided_cuda,
+// aten/src/ATen/native/cuda/TensorFactories.cu; resize_cuda_,
+// aten/src/ATen/native/cuda/Resize.cpp) fill the memory they hand
+// out uninitialized with NaN (floating and complex dtypes) or the dtype's
+// largest value (integers, True), so that reading it is reproducible; so do
+// openreg's, with fills queued as stream work. Results the kernels allocate
+// for themselves (empty_on_current_device, the fallback's planned results)
+// are written in full and not filled, as CUDA's at::detail::empty_cuda.
+bool fills_uninitialized_memory() {
+  const at::Context& context = at::globalContext();
+  return C10_UNLIKELY(context.deterministicAlgorithms() && context.deterministicFillUninitializedMemory());
+}
+
 at::Tensor empty_memory_format(
     c10::IntArrayRef size,
     std::optional<c10::ScalarType> dtype,
@@ -76,7 +96,11 @@ at::Tensor empty_memory_format(
     std::optional<c10::MemoryFormat> memory_format) {
   check_factory_args(layout, pin_memory);
   c10::DeviceGuard guard(checked_device(device_opt));
-  return empty_on_current_device(size, c10::dtype_or_default(dtype), memory_format);
+  at::Tensor result = empty_on_current_device(size, c10::dtype_or_default(dtype), memory_format);
+  if (fills_uninitialized_memory()) {
+    at::native::fill_empty_deterministic_(result);
+  }
+  return result;
 }
 
 at::Tensor empty_strided(
@@ -88,8 +112,12 @@ at::Tensor empty_strided(
     std::optional<bool> pin_memory) {
   check_factory_args(layout, pin_memory);
   c10::DeviceGuard guard(checked_device(device_opt));
-  return at::detail::empty_strided_generic(
+  at::Tensor result = at::detail::empty_strided_generic(
       size, stride, device_memory_allocator(), kOpenRegKeys, c10::dtype_or_default(dtype));
+  if (fills_uninitialized_memory()) {
+    at::native::fill_empty_deterministic_(result);
+  }
+  return result;
 }
 
 // Views only rewrite metadata: no device memory is touched.
@@ -118,11 +146,16 @@ const at::Tensor& resize_(
   TORCH_CHECK(
       std::all_of(size.begin(), size.end(), [](int64_t s) { return s >= 0; }),
       "Trying to create tensor with negative dimension: ", size);
+  const int64_t old_storage_nbytes = self.has_storage() ? static_cast<int64_t>(self.storage().nbytes()) : 0;
   if (self.has_storage()) {
     grow_device_storage(
         self.storage(), at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(), self.storage_offset()));
   }
-  return at::native::resize_(self, size, memory_format);
+  at::native::resize_(self, size, memory_format);
+  if (fills_uninitialized_memory()) {
+    at::native::fill_resize_deterministic_(self, old_storage_nbytes); // the grown part only
+  }
+  return self;
 }
 
 at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
@@ -295,6 +328,7 @@ void register_ops() {
   register_attention(*kernels);
   register_flash_efficient_attention(*kernels);
   register_accelerator_ops(*kernels);
+  register_deterministic_alerts(*kernels); // first of the fronts (Note [Deterministic alerts])
   register_half_precision_fft(*kernels);
   register_nansum(*kernels);
   register_scatter_reduce(*kernels);
