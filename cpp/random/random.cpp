@@ -115,7 +115,7 @@ at::Tensor& normal_(at::Tensor& self, double mean, double std, Gen gen) {
 
 at::Tensor& log_normal_(at::Tensor& self, double mean, double std, Gen gen) {
   check_floating(self, "log_normal_");
-  // log_normal_impl_'s check (DistributionTemplates.h), at the call.
+  // log_normal_impl_'s check (aten/src/ATen/native/DistributionTemplates.h), at the call.
   TORCH_CHECK(std > 0.0, "log_normal_ expects std > 0.0, but found std=", std);
   return generate_float(self, ffi::RandomKind::LogNormal, mean, std, gen);
 }
