@@ -564,7 +564,8 @@ def check_memory_formats(op, dtype, busy: bool) -> str:
     """Each of the op's samples that has a 4-D/5-D tensor, as it is and with
     those tensors channels_last (channels_last_3d): the results, and the
     input gradients (output gradients with the strides of the outputs), have
-    CPU's strides (compare_strides) and values."""
+    CPU's strides (compare_strides) and values; so do the results of the
+    same call made again (from a plan, where the first call checked one)."""
     differentiable = op.supports_autograd and (dtype.is_floating_point or dtype.is_complex)
     compared = 0
     samples = op.sample_inputs("cpu", dtype, requires_grad=differentiable)
@@ -591,8 +592,11 @@ def check_memory_formats(op, dtype, busy: bool) -> str:
             got, _, got_grads = run_with_gradients(
                 lambda *a, **k: call_on_device(op, *a, **k), dev_input, dev_args, dev_kwargs, process,
                 grad_seed=i, move=to_device)
+            with torch.no_grad():  # the same call again takes the plan the first one checked (Note [Meta results])
+                again = call_on_device(op, dev_input, *dev_args, **dev_kwargs)
             try:
                 compare_strides(got, want, "result")
+                compare_strides(again, want, "result (again)")
                 compare(got, want, exact)
                 assert (got_grads is None) == (want_grads is None), "gradients on one side only"
                 for g, w in zip(got_grads or (), want_grads or ()):
