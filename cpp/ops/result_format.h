@@ -17,16 +17,25 @@
 //   The output and the input and weight gradients all take it (cuDNN's
 //   forward and backward allocate them in that format,
 //   aten/src/ATen/native/cudnn/ConvShared.cpp). CPU picks by backend
-//   instead (ConvUtils.h, determine_backend_memory_format in
-//   Convolution.cpp): its slow 2-D kernels keep channels_last for float64
-//   too, and its slow 3-D kernels (taken when oneDNN is not) give
-//   contiguous results for channels_last_3d inputs.
+//   instead (determine_backend_memory_format in
+//   aten/src/ATen/native/Convolution.cpp): its slow 2-D kernels keep
+//   channels_last for float64 too, and its slow 3-D kernels (taken where
+//   oneDNN is not: a batch of one with small kernels) give contiguous
+//   results for channels_last_3d inputs and weights.
 // - Everything else the fallback computes (Note [Fallback] in fallback.cpp)
-//   keeps the strides of CPU's result: a planned result takes the strides
-//   of the op's Meta kernel, which are the CPU kernel's (structured kernels
-//   share one meta function; a plan is checked against the CPU kernel's
-//   results, Note [Meta results]), and a result computed inline is copied
-//   to the device with its CPU strides (copy_to_device).
+//   keeps the strides of CPU's result. A result computed inline is copied
+//   to the device with its CPU strides (copy_to_device); a planned result
+//   takes the strides of the op's Meta kernel, and a plan is trusted only
+//   once the CPU kernel's results had its layout too (check_plan in
+//   meta_results.cpp: the strides of the dims of more than one element,
+//   where the result is dense). The Meta kernels known to lay results out
+//   otherwise are never used unchecked (PlanCache's disagreeing ops); any
+//   other gives its layout to the one call that used it unchecked, behind
+//   queued work, and no later one. Not mirrored yet: CUDA's pixel_shuffle
+//   and channel_shuffle (ATen's composites math_pixel_shuffle and
+//   math_channel_shuffle) and max_unpool2d
+//   (aten/src/ATen/native/cuda/MaxUnpooling.cu) give contiguous results for
+//   channels_last inputs, where CPU's keep channels_last.
 #pragma once
 
 #include <initializer_list>
