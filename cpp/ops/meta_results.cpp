@@ -434,11 +434,16 @@ class PlanCache {
     return judged->second;
   }
 
-  void settle(const Key& key, bool usable) {
+  // `relaid`: the plan as the CPU kernel laid its results out, to use
+  // from now on instead of the Meta kernel's.
+  void settle(const Key& key, bool usable, SharedPlan relaid = nullptr) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = plans_.find(key);
     if (found != plans_.end() && found->second.second == State::Unchecked) {
       found->second.second = usable ? State::Usable : State::Unusable;
+      if (relaid) {
+        found->second.first = std::move(relaid);
+      }
     }
   }
 
@@ -720,6 +725,18 @@ bool planned_layout_matches(const PlannedReturn& ret, const at::Tensor& result) 
   return true;
 }
 
+// `plan` with each new tensor laid out as the CPU kernel's `results` (of the
+// planned dtypes and shapes) are.
+SharedPlan relaid_as(const Plan& plan, c10::ArrayRef<c10::IValue> results) {
+  Plan relaid = plan;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (results[i].isTensor() && !planned_layout_matches(relaid[i], results[i].toTensor())) {
+      relaid[i].tensors.at(0).strides = results[i].toTensor().strides().vec();
+    }
+  }
+  return std::make_shared<const Plan>(std::move(relaid));
+}
+
 bool check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results, bool kernel_warned) {
   if (!check.plan) { // Note [Sparse plans]
     learned_plans().add(check.key, kernel_warned ? nullptr : learn_plan(check.arguments, results));
@@ -760,9 +777,10 @@ bool check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results, bo
   }
   // Results that fit the plan but are laid out otherwise (a Meta kernel
   // whose strides differ from the CPU kernel's) are right this time, as
-  // the kernel copies them into the planned tensors, but the plan is not
-  // trusted: later calls keep the CPU kernel's strides (Note [Memory format
-  // of results] in result_format.h).
+  // the kernel copies them into the planned tensors; the plan then takes
+  // the CPU kernel's layout for later calls (Note [Memory format of
+  // results] in result_format.h), and the op's new plans are checked before
+  // they are used.
   bool same_layout = true;
   for (size_t i = 0; usable && i < results.size(); ++i) {
     same_layout = same_layout && (!results[i].isTensor() || planned_layout_matches((*check.plan)[i], results[i].toTensor()));
@@ -772,7 +790,7 @@ bool check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results, bo
   }
   // A kernel that warned runs where its caller waits from now on, so that
   // its warnings reach the caller each time (Note [Kernel warnings]).
-  plan_cache().settle(check.key, usable && same_layout && !kernel_warned);
+  plan_cache().settle(check.key, usable && !kernel_warned, same_layout ? nullptr : relaid_as(*check.plan, results));
   return usable;
 }
 

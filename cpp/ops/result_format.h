@@ -25,13 +25,13 @@
 // - Everything else the fallback computes (Note [Fallback] in fallback.cpp)
 //   keeps the strides of CPU's result. A result computed inline is copied
 //   to the device with its CPU strides (copy_to_device); a planned result
-//   takes the strides of the op's Meta kernel, and a plan is trusted only
-//   once the CPU kernel's results had its layout too (check_plan in
-//   meta_results.cpp: the strides of the dims of more than one element,
-//   where the result is dense). The Meta kernels known to lay results out
-//   otherwise are never used unchecked (PlanCache's disagreeing ops); any
-//   other gives its layout to the one call that used it unchecked, behind
-//   queued work, and no later one. Not mirrored yet: CUDA's pixel_shuffle
+//   takes the strides of the op's Meta kernel, and where the CPU kernel's
+//   results, when the plan is checked, are laid out otherwise (check_plan
+//   in meta_results.cpp: the strides of the dims of more than one element,
+//   where the result is dense), the plan takes their strides for later
+//   calls. The Meta kernels known to lay results out otherwise are never
+//   used unchecked (PlanCache's disagreeing ops); any other gives its
+//   layout to the one call that used it unchecked, behind queued work. Not mirrored yet: CUDA's pixel_shuffle
 //   and channel_shuffle (ATen's composites math_pixel_shuffle and
 //   math_channel_shuffle) and max_unpool2d
 //   (aten/src/ATen/native/cuda/MaxUnpooling.cu) give contiguous results for

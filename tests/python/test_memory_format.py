@@ -169,7 +169,8 @@ def test_planned_results_keep_cpu_layout(busy):
     [Meta results]: from the second call of the same arguments' geometry
     on, or behind queued work) keeps the CPU kernel's layout where the Meta
     kernel lays results out otherwise (these give contiguous results for
-    channels_last inputs; CPU's kernels keep channels_last)."""
+    channels_last inputs; CPU's kernels keep channels_last), and is still
+    queued without a wait."""
     x = torch.randn(1, 18, 4, 6).contiguous(memory_format=CL)
     pooled, indices = F.max_pool2d(x, 2, return_indices=True)
     cases = {
@@ -183,7 +184,9 @@ def test_planned_results_keep_cpu_layout(busy):
         for call in range(3):
             moved = [a.to(DEV) for a in args]
             if busy:
-                torch.openreg._sleep(20)
+                torch.openreg._sleep(200)
             got = fn(*moved)
+            if busy and call > 0:  # the plan, laid out as CPU's results, is used without a wait
+                assert not torch.openreg.current_stream().query(), f"{name}, call {call}: the host waited"
             assert layout(got) == layout(want), f"{name}, call {call}: {got.stride()}, want {want.stride()}"
             torch.testing.assert_close(got.cpu(), want)
