@@ -13,6 +13,15 @@ NaN, as in tests/opinfo_parity.py). A sample CPU itself rejects is skipped.
 
   python3 tests/module_parity.py                     # every module and sample, float32 and float64
   python3 tests/module_parity.py --modules nn.LSTM,nn.BatchNorm2d --dtypes float64 -v
+  python3 tests/module_parity.py --memory-formats    # channels-last inputs and parameters
+
+With --memory-formats, each sample whose forward input has a 4-D or 5-D
+tensor runs four times: its 4-D (5-D) inputs and its module's 4-D (5-D)
+parameters each as they are or channels_last (channels_last_3d). Besides
+the values, the outputs and the parameter and input gradients must have
+CPU's strides (as tests/opinfo_parity.py's --memory-formats compares them:
+the strides of the dimensions of more than one element, where CPU's tensor
+is dense).
 
 Prints one line per failing module, a closing 'N passed, N failed, N
 unsupported' line and the number of samples compared; exits 1 if any module
@@ -30,6 +39,7 @@ import time
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
 
 import torch  # noqa: E402
+import torch._prims_common  # noqa: E402
 import torch_openreg  # noqa: E402,F401
 from torch.testing._internal.common_modules import module_db  # noqa: E402
 from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
@@ -93,40 +103,98 @@ def compare(what: str, got, want) -> None:
         raise AssertionError(f"{what}: {' '.join(str(e).split())}") from None
 
 
-def check_sample(info, sample, dtype, training: bool) -> bool:
-    """Whether the sample was compared (False: CPU rejects it); raises where
-    openreg differs."""
+# The memory format a 4-D (5-D) tensor is given by --memory-formats.
+CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
+def has_image_tensor(value) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.layout == torch.strided and t.dim() in CHANNELS_LAST
+               for t in tree_flatten(value)[0])
+
+
+def channels_last(t: torch.Tensor) -> torch.Tensor:
+    """A 4-D (5-D) strided tensor made channels_last (channels_last_3d);
+    any other unchanged."""
+    if t.layout != torch.strided or t.dim() not in CHANNELS_LAST:
+        return t
+    return t.contiguous(memory_format=CHANNELS_LAST[t.dim()])
+
+
+def layout_strides(t: torch.Tensor) -> tuple:
+    """The strides that define a tensor's layout: those of its dimensions of
+    more than one element (any stride describes a dimension of one)."""
+    return tuple((d, stride) for d, (size, stride) in enumerate(zip(t.shape, t.stride())) if size > 1)
+
+
+def compare_strides(what: str, got, want) -> None:
+    """Each tensor of `got` has the layout_strides of `want`'s, where
+    `want`'s is a dense strided tensor of more than one element."""
+    for g, w in zip(tree_flatten(got)[0], tree_flatten(want)[0]):
+        if (isinstance(w, torch.Tensor) and w.layout == torch.strided and w.numel() > 1
+                and torch._prims_common.is_non_overlapping_and_dense_or_false(w)):
+            assert isinstance(g, torch.Tensor) and layout_strides(g) == layout_strides(w), (
+                f"{what}: strides {tuple(g.stride())}, want {tuple(w.stride())} (shape {tuple(w.shape)})")
+
+
+# (inputs, parameters): whether each is made channels-last.
+MEMORY_FORMATS = ((False, False), (True, False), (False, True), (True, True))
+
+
+def check_sample(info, sample, dtype, training: bool, memory_formats=((False, False),)) -> int:
+    """How many of `memory_formats` the sample was compared in (0: CPU
+    rejects it); raises where openreg differs. A memory format (inputs,
+    parameters) other than (False, False) also compares strides."""
     constructor, forward = sample.constructor_input, sample.forward_input
     if forward is None:
-        return False
-    try:
-        torch.manual_seed(0)
-        cpu_module = info.module_cls(*constructor.args, **constructor.kwargs).to(dtype).train(training)
-        if info.is_lazy:
-            with torch.no_grad():
-                cpu_module(*copied_to("cpu", forward.args), **copied_to("cpu", forward.kwargs))
-        device_module = copy.deepcopy(cpu_module)
-        want = forward_backward(cpu_module, copied_to("cpu", forward.args), copied_to("cpu", forward.kwargs))
-    except Exception:
-        return False
-    device_module.to(DEV)
-    got = forward_backward(device_module, copied_to(DEV, forward.args), copied_to(DEV, forward.kwargs))
-    for what in want:
-        compare(what, got[what], want[what])
-    return True
+        return 0
+    compared = 0
+    for inputs_cl, parameters_cl in memory_formats:
+        args, kwargs = forward.args, forward.kwargs
+        if inputs_cl:
+            args, kwargs = tree_map(lambda t: channels_last(t) if isinstance(t, torch.Tensor) else t, (args, kwargs))
+        try:
+            torch.manual_seed(0)
+            cpu_module = info.module_cls(*constructor.args, **constructor.kwargs).to(dtype).train(training)
+            if info.is_lazy:
+                with torch.no_grad():
+                    cpu_module(*copied_to("cpu", args), **copied_to("cpu", kwargs))
+            if parameters_cl:
+                with torch.no_grad():
+                    for p in cpu_module.parameters():
+                        p.data = channels_last(p.data)
+            device_module = copy.deepcopy(cpu_module)
+            want = forward_backward(cpu_module, copied_to("cpu", args), copied_to("cpu", kwargs))
+        except Exception:
+            continue
+        device_module.to(DEV)
+        got = forward_backward(device_module, copied_to(DEV, args), copied_to(DEV, kwargs))
+        where = "" if (inputs_cl, parameters_cl) == (False, False) else (
+            f"{'channels-last' if inputs_cl else 'as-is'} inputs, "
+            f"{'channels-last' if parameters_cl else 'as-is'} parameters: ")
+        for what in want:
+            compare(where + what, got[what], want[what])
+            if memory_formats != ((False, False),):
+                compare_strides(where + what, got[what], want[what])
+        compared += 1
+    return compared
 
 
-def check_module(info, dtype) -> str:
-    """Runs every sample in each mode; returns how many were compared,
-    raises at the first that differs."""
+def check_module(info, dtype, memory_formats: bool = False) -> str:
+    """Runs every sample in each mode (with `memory_formats`, each sample
+    with a 4-D/5-D input in each of MEMORY_FORMATS); returns how many were
+    compared, raises at the first that differs."""
     compared = 0
     for training in training_modes(info):
         torch.manual_seed(0)
         samples = info.module_inputs_func(info, device="cpu", dtype=dtype, requires_grad=True, training=training)
         for index, sample in enumerate(samples):
             where = f"{'train' if training else 'eval'} sample {index} ({sample.desc or 'no desc'})"
+            if memory_formats and not has_image_tensor(sample.forward_input and (
+                    sample.forward_input.args, sample.forward_input.kwargs)):
+                continue
             try:
-                compared += check_sample(info, sample, dtype, training)
+                compared += check_sample(
+                    info, sample, dtype, training, MEMORY_FORMATS if memory_formats else ((False, False),))
             except Exception as e:
                 detail = str(e) if isinstance(e, AssertionError) else first_line(e)
                 raise AssertionError(f"{where}: {detail}") from None
@@ -138,12 +206,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtypes", default="float32,float64", help="comma-separated")
     parser.add_argument("--modules", default="", help="comma-separated module names, as nn.Linear (default: all)")
+    parser.add_argument(
+        "--memory-formats", action="store_true",
+        help="samples with 4-D/5-D inputs, inputs and parameters as they are and channels-last: CPU's strides too",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()
     dtypes = args.dtypes.split(",")
     wanted = set(args.modules.split(",")) if args.modules else None
     tally = Tally(args.verbose)
-    compared = 0
+    compared = modules_compared = 0
     for name in dtypes:
         dtype = DTYPES[name]
         infos = [
@@ -153,14 +225,15 @@ def main() -> int:
         start = time.monotonic()
         failed_before = tally.failed
         for info in infos:
-            outcome = in_fork(lambda: check_module(info, dtype), MODULE_TIMEOUT_S)
+            outcome = in_fork(lambda: check_module(info, dtype, args.memory_formats), MODULE_TIMEOUT_S)
             tally.record(f"{name:8} {info.name}", outcome)
             if outcome.status == "ok":
                 compared += int(outcome.detail)
+                modules_compared += int(outcome.detail) > 0
         dtype_failed = tally.failed - failed_before
         print(f"-- {name}: {len(infos) - dtype_failed} of {len(infos)} modules clean ({time.monotonic() - start:.0f} s)")
         sys.stdout.flush()
-    print(f"{compared} samples compared")
+    print(f"{compared} samples compared, of {modules_compared} (module, dtype) pairs")
     print(tally.summary())
     return 1 if tally.failed else 0
 

@@ -57,6 +57,7 @@ import time
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
 
 import torch  # noqa: E402
+import torch._prims_common  # noqa: E402
 import torch_openreg  # noqa: E402,F401
 from torch_openreg._op_db import c10_name, cpu_dtypes, cuda_dtypes, load_op_db, sparse_layout_samples  # noqa: E402
 
@@ -484,6 +485,170 @@ def check_op(op, dtype, busy: bool, backward: bool) -> None:
     torch.openreg.synchronize()
 
 
+# ------------------------------------------------------------- memory formats
+
+# The memory format a 4-D (5-D) tensor is given with --memory-formats.
+CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
+MEMORY_FORMATS = ("as-is", "channels-last")
+
+
+# Ops whose CPU kernel's values are undefined for some channels-last sample:
+# there only strides are compared.
+CHANNELS_LAST_VALUES_UNDEFINED = {
+    # Its first sample (causal, 3 queries against 6 keys) with channels_last
+    # query, key and value gives values that differ from call to call on the
+    # CPU (by up to 1e34: memory read before it is written), where its
+    # contiguous form is deterministic.
+    "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu",
+}
+
+
+def has_image_tensor(sample) -> bool:
+    """Whether a sample has a 4-D or 5-D strided tensor."""
+    return any(isinstance(t, torch.Tensor) and t.layout == torch.strided and t.dim() in CHANNELS_LAST
+               for t in flatten([sample.input, sample.args, sample.kwargs]))
+
+
+def in_memory_format(sample, memory_format: str):
+    """The sample's (input, args, kwargs), with every 4-D (5-D) strided
+    tensor made channels_last (channels_last_3d) for "channels-last": new
+    leaves with the same requires_grad."""
+    def convert(t):
+        if memory_format == "as-is" or t.layout != torch.strided or t.dim() not in CHANNELS_LAST:
+            return t
+        return t.detach().to(memory_format=CHANNELS_LAST[t.dim()]).requires_grad_(t.requires_grad)
+    return map_tensors((sample.input, sample.args, sample.kwargs), convert)
+
+
+def layout_strides(t: torch.Tensor) -> tuple:
+    """The strides that define a tensor's layout: those of its dimensions of
+    more than one element (any stride describes a dimension of one)."""
+    return tuple((d, stride) for d, (size, stride) in enumerate(zip(t.shape, t.stride())) if size > 1)
+
+
+def compare_strides(got, want, what: str) -> None:
+    """Each tensor of `got` has the layout_strides of `want`'s, where
+    `want`'s is a dense (non-overlapping and dense) strided tensor of more
+    than one element: there its strides are what the kernel chose. (The
+    contiguity of every memory format follows from these strides: dims of
+    one element are ignored by is_contiguous too.)"""
+    if isinstance(want, torch.Tensor):
+        if (want.layout == torch.strided and want.numel() > 1
+                and torch._prims_common.is_non_overlapping_and_dense_or_false(want)):
+            assert isinstance(got, torch.Tensor) and layout_strides(got) == layout_strides(want), (
+                f"{what} strides {tuple(got.stride())}, want {tuple(want.stride())} (shape {tuple(want.shape)})")
+    elif isinstance(want, (list, tuple)):
+        for i, (g, w) in enumerate(zip(got, want)):
+            compare_strides(g, w, f"{what}[{i}]")
+
+
+def run_with_gradients(op, inp, args, kwargs, process, grad_seed: int, move=None):
+    """The op's result, its leaves that require grad and their gradients
+    (None where nothing is differentiable), for output gradients drawn on
+    the CPU from `grad_seed`, each with its output's strides (as autograd's
+    own ones_like); `move` takes them to the op's device."""
+    out = op(inp, *args, **kwargs)
+    outs = differentiable_outputs(process(out))
+    leaves = [t for t in flatten([inp, args, kwargs]) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not outs or not leaves:
+        return out, None, None
+    generator = torch.Generator().manual_seed(grad_seed)
+    grad_outputs = [torch.empty_like(o, device="cpu").copy_(torch.randn(o.shape, dtype=o.dtype, generator=generator))
+                    for o in outs]
+    if move is not None:
+        grad_outputs = move(grad_outputs)
+    return out, leaves, torch.autograd.grad(outs, leaves, grad_outputs, allow_unused=True)
+
+
+def check_memory_formats(op, dtype, busy: bool) -> str:
+    """Each of the op's samples that has a 4-D/5-D tensor, as it is and with
+    those tensors channels_last (channels_last_3d): the results, and the
+    input gradients (output gradients with the strides of the outputs), have
+    CPU's strides (compare_strides) and values; so do the results of the
+    same call made again (from a plan, where the first call checked one)."""
+    differentiable = op.supports_autograd and (dtype.is_floating_point or dtype.is_complex)
+    compared = 0
+    samples = op.sample_inputs("cpu", dtype, requires_grad=differentiable)
+    for i, (sample, placement) in enumerate(zip(samples, meta_samples(op, dtype, differentiable))):
+        if i >= SAMPLES_PER_OP:
+            break
+        if not has_image_tensor(sample):
+            continue
+        process = sample.output_process_fn_grad
+        for memory_format in MEMORY_FORMATS:
+            exact = values_compared(op.name, sample.kwargs) and not (
+                memory_format == "channels-last" and op.name in CHANNELS_LAST_VALUES_UNDEFINED)
+            inp, args, kwargs = in_memory_format(sample, memory_format)
+            try:
+                want, _, want_grads = run_with_gradients(op, inp, args, kwargs, process, grad_seed=i)
+            except Exception:
+                continue  # CPU itself rejects the sample (or its backward)
+            dev_input, dev_args, dev_kwargs = (
+                to_device(inp, placement and placement.input), to_device(args, placement and placement.args),
+                to_device(kwargs, placement and placement.kwargs))
+            if busy:
+                torch.openreg._sleep(1)
+            where = f"sample {i} {memory_format}"
+            got, _, got_grads = run_with_gradients(
+                lambda *a, **k: call_on_device(op, *a, **k), dev_input, dev_args, dev_kwargs, process,
+                grad_seed=i, move=to_device)
+            with torch.no_grad():  # the same call again takes the plan the first one checked (Note [Meta results])
+                again = call_on_device(op, dev_input, *dev_args, **dev_kwargs)
+            try:
+                compare_strides(got, want, "result")
+                compare_strides(again, want, "result (again)")
+                compare(got, want, exact)
+                assert (got_grads is None) == (want_grads is None), "gradients on one side only"
+                for g, w in zip(got_grads or (), want_grads or ()):
+                    assert (g is None) == (w is None), "a gradient is missing on one side"
+                    if w is not None:
+                        compare_strides(g, w, "gradient")
+                        compare(g, w, exact)
+            except AssertionError as e:
+                raise AssertionError(f"{where}: {str(e).splitlines()[0]}") from None
+            compared += 1
+    torch.openreg.synchronize()
+    return f"{compared} samples" if compared else "no 4-D/5-D sample"
+
+
+def has_image_samples(op, dtype) -> bool:
+    """Whether one of the op's first SAMPLES_PER_OP samples has a 4-D/5-D
+    tensor (or they cannot be drawn: the op's own check reports it)."""
+    try:
+        samples = op.sample_inputs("cpu", dtype, requires_grad=False)
+        return any(has_image_tensor(sample) for _, sample in zip(range(SAMPLES_PER_OP), samples))
+    except Exception:
+        return True
+
+
+def sweep_memory_formats(wanted, busy: bool, tally: Tally) -> int:
+    """--memory-formats: at float32, each op with 4-D/5-D samples in a fork.
+    One child picks those ops (a fork per op of op_db would cost more than
+    the checks; the parent itself must run no kernel before forking, as
+    GNU OpenMP's threads do not survive a fork) and returns them as a bit
+    mask in hex."""
+    start = time.monotonic()
+    dtype = torch.float32
+    ops = [
+        op for op in op_db
+        if (wanted is None or op.name in wanted) and op.supports_dtype(dtype, "cpu") and dtype in cuda_dtypes(op)
+    ]
+    picked = in_fork(lambda: format(sum(1 << i for i, op in enumerate(ops) if has_image_samples(op, dtype)), "x"),
+                     OP_TIMEOUT_S)
+    assert picked.status == "ok", picked.detail
+    image_ops = [op for i, op in enumerate(ops) if int(picked.detail, 16) >> i & 1]
+    samples = 0
+    for op in image_ops:
+        outcome = in_fork(lambda: check_memory_formats(op, dtype, busy), OP_TIMEOUT_S)
+        tally.record(f"float32    {op.name}.{op.variant_test_name}", outcome)
+        if outcome.status == "ok" and outcome.detail.endswith(" samples"):
+            samples += int(outcome.detail.split()[0])
+    print(f"-- memory formats: {len(image_ops)} of {len(ops)} ops have 4-D/5-D samples; {samples} (sample, format) "
+          f"pairs compared ({time.monotonic() - start:.0f} s)")
+    print(tally.summary())
+    return 1 if tally.failed else 0
+
+
 # ------------------------------------------------------------- sparse layouts
 
 SPARSE_LAYOUTS = {
@@ -630,12 +795,18 @@ def main() -> int:
         help="the ops op_db declares for sparse layouts, on their sparse samples (instead of dense ones)",
     )
     parser.add_argument("--layouts", default=",".join(SPARSE_LAYOUTS), help="with --sparse: comma-separated")
+    parser.add_argument(
+        "--memory-formats", action="store_true",
+        help="float32 samples with 4-D/5-D tensors, as they are and channels-last: CPU's strides, forward and backward",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()
     wanted = set(args.ops.split(",")) if args.ops else None
     tally = Tally(args.verbose)
     if args.cuda_dtypes:
         return sweep_cuda_dtypes(wanted, args.busy, tally)
+    if args.memory_formats:
+        return sweep_memory_formats(wanted, args.busy, tally)
     dtypes = list(DTYPES) if args.dtypes == "all" else args.dtypes.split(",")
     if args.sparse:
         return sweep_sparse(wanted, dtypes, args.layouts.split(","), args.busy, tally)

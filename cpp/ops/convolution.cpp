@@ -18,6 +18,7 @@
 #include "torch_openreg/cpp/device/device_memory.h"
 #include "torch_openreg/cpp/ops/dtype_policy.h"
 #include "torch_openreg/cpp/ops/kernel_split.h"
+#include "torch_openreg/cpp/ops/result_format.h"
 #include "torch_openreg/src/bridge/ffi.rs.h"
 
 namespace openreg {
@@ -31,10 +32,14 @@ void check_same_device(const at::Tensor& input, const at::Tensor& t, const char*
       t.device(), "! (when checking argument for argument ", what, " in method ", op, ")");
 }
 
-// A new openreg tensor of `sizes` in the memory format CPU's convolution
-// gives for `input`.
-at::Tensor empty_result(const at::Tensor& input, c10::IntArrayRef sizes, const at::Tensor& like_format) {
-  return empty_on_current_device(sizes, input.scalar_type(), like_format.suggest_memory_format());
+// A new openreg tensor of `sizes` for a result of the convolution of
+// `input` by `weight`: in CUDA's memory format (Note [Memory format of
+// results] in result_format.h), which cuDNN gives the output and both
+// gradients alike (convolution_backward in
+// aten/src/ATen/native/Convolution.cpp makes grad_output and weight
+// contiguous in it before cuDNN allocates the gradients).
+at::Tensor empty_result(c10::IntArrayRef sizes, const at::Tensor& input, const at::Tensor& weight) {
+  return empty_on_current_device(sizes, input.scalar_type(), convolution_memory_format(input, weight));
 }
 
 // A convolution's chunks: ranges of the batch, by its multiply-adds
@@ -77,7 +82,7 @@ at::Tensor convolution(
   const std::vector<int64_t> out_sizes = transposed
       ? at::native::_conv_input_size(input.sizes(), weight.sizes(), padding, output_padding, stride, dilation, groups)
       : at::native::conv_output_size(input.sizes(), weight.sizes(), padding, stride, dilation);
-  at::Tensor out = empty_result(input, out_sizes, input);
+  at::Tensor out = empty_result(out_sizes, input, weight);
   queue_kernel(
       input.device().index(),
       [out = kernel_operand(out), input = kernel_operand(input), weight = kernel_operand(weight),
@@ -109,8 +114,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
   c10::DeviceGuard guard(input.device());
   // The bias has one entry per output channel.
   const int64_t channels = transposed ? weight.size(1) * groups : weight.size(0);
-  at::Tensor grad_input = output_mask[0] ? empty_result(input, input.sizes(), input) : at::Tensor();
-  at::Tensor grad_weight = output_mask[1] ? empty_result(weight, weight.sizes(), weight) : at::Tensor();
+  at::Tensor grad_input = output_mask[0] ? empty_result(input.sizes(), input, weight) : at::Tensor();
+  at::Tensor grad_weight = output_mask[1] ? empty_result(weight.sizes(), input, weight) : at::Tensor();
   at::Tensor grad_bias = output_mask[2] ? empty_on_current_device({channels}, weight.scalar_type()) : at::Tensor();
   queue_kernel(
       input.device().index(),

@@ -21,6 +21,7 @@
 #include "torch_openreg/cpp/ops/dtype_policy.h"
 #include "torch_openreg/cpp/graphs/graph_kernels.h"
 #include "torch_openreg/cpp/ops/kernel_split.h"
+#include "torch_openreg/cpp/ops/result_format.h"
 
 namespace openreg {
 namespace {
@@ -43,7 +44,8 @@ at::Tensor operand(const at::Tensor& t, size_t slot) {
   return t.is_privateuseone() ? scratch_cpu_view(t, slot) : t;
 }
 
-// Allocates the broadcast result and queues `compute(out_view, a_view, b_view)`,
+// Allocates the broadcast result (with TensorIterator's strides: Note
+// [Memory format of results] in result_format.h) and queues `compute(out_view, a_view, b_view)`,
 // in chunks when large (Note [Split kernels] in kernel_split.h; a raw loop
 // for `kind` instead when a graph captures it: Note [Graph kernels] in
 // graph_kernels.h).
@@ -58,7 +60,7 @@ at::Tensor binary(
     Compute compute) {
   c10::Device device = binary_device(self, other, op);
   c10::DeviceGuard guard(device);
-  at::Tensor out = empty_on_current_device(at::infer_size_dimvector(self.sizes(), other.sizes()), dtype);
+  at::Tensor out = empty_pointwise_result(at::infer_size_dimvector(self.sizes(), other.sizes()), dtype, {self, other});
   const auto accesses = [&] { return KernelInfo(op, {self, other}, {out}); };
   const PointwiseSplit split(out.sizes());
   const auto compute_split = [split, compute](const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {

@@ -434,11 +434,16 @@ class PlanCache {
     return judged->second;
   }
 
-  void settle(const Key& key, bool usable) {
+  // `relaid`: the plan as the CPU kernel laid its results out, to use
+  // from now on instead of the Meta kernel's.
+  void settle(const Key& key, bool usable, SharedPlan relaid = nullptr) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = plans_.find(key);
     if (found != plans_.end() && found->second.second == State::Unchecked) {
       found->second.second = usable ? State::Usable : State::Unusable;
+      if (relaid) {
+        found->second.first = std::move(relaid);
+      }
     }
   }
 
@@ -464,10 +469,18 @@ class PlanCache {
   // _embedding_bag_forward_only's sizes offset2bag as the indices and
   // max_indices empty, where the CPU kernel does the opposite (mode sum);
   // linalg_lu_solve's CPU kernel may conjugate its out= argument lazily,
-  // by its bit, which no plan can say.
+  // by its bit, which no plan can say. Laid out otherwise than by the CPU
+  // kernels (found by the op_db sweep's --memory-formats --busy): the Meta
+  // kernels of pixel_shuffle, channel_shuffle and max_unpool2d give
+  // contiguous results for channels_last inputs, as CUDA's kernels do
+  // (_meta_registrations.py says so for pixel_shuffle), where CPU's keep
+  // channels_last; replication_pad2d's with negative padding likewise;
+  // linalg_eig's eigenvectors of a batch of one are row-major, CPU's
+  // column-major.
   std::unordered_set<std::string> disagreeing_{"aten::linalg_lu_solve",
       "aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit_no_training",
-      "aten::_batch_norm_no_update", "aten::_embedding_bag_forward_only"};
+      "aten::_batch_norm_no_update", "aten::_embedding_bag_forward_only", "aten::pixel_shuffle",
+      "aten::channel_shuffle", "aten::max_unpool2d", "aten::replication_pad2d", "aten::linalg_eig"};
 };
 
 PlanCache& plan_cache() {
@@ -694,6 +707,36 @@ std::shared_ptr<PlanToCheck> sparse_plan_to_learn(const c10::OperatorHandle& op,
 }
 
 
+// Whether a new tensor planned as `ret` has the layout of the CPU kernel's
+// `result`: the same strides along its dims of more than one element, where
+// `result` is dense (any stride describes a dim of one, and the strides of
+// a result that is not dense are the kernel's own business).
+bool planned_layout_matches(const PlannedReturn& ret, const at::Tensor& result) {
+  if (ret.kind != PlannedReturn::Kind::Tensor || ret.tensors.at(0).kind != PlannedTensor::Kind::New ||
+      !result.defined() || !result.is_non_overlapping_and_dense()) {
+    return true;
+  }
+  const PlannedTensor& planned = ret.tensors.at(0);
+  for (int64_t d = 0; d < result.dim(); ++d) {
+    if (result.size(d) > 1 && result.stride(d) != planned.strides.at(d)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// `plan` with each new tensor laid out as the CPU kernel's `results` (of the
+// planned dtypes and shapes) are.
+SharedPlan relaid_as(const Plan& plan, c10::ArrayRef<c10::IValue> results) {
+  Plan relaid = plan;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (results[i].isTensor() && !planned_layout_matches(relaid[i], results[i].toTensor())) {
+      relaid[i].tensors.at(0).strides = results[i].toTensor().strides().vec();
+    }
+  }
+  return std::make_shared<const Plan>(std::move(relaid));
+}
+
 bool check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results, bool kernel_warned) {
   if (!check.plan) { // Note [Sparse plans]
     learned_plans().add(check.key, kernel_warned ? nullptr : learn_plan(check.arguments, results));
@@ -732,12 +775,22 @@ bool check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results, bo
       }
     }
   }
-  if (!usable) {
+  // Results that fit the plan but are laid out otherwise (a Meta kernel
+  // whose strides differ from the CPU kernel's) are right this time, as
+  // the kernel copies them into the planned tensors; the plan then takes
+  // the CPU kernel's layout for later calls (Note [Memory format of
+  // results] in result_format.h), and the op's new plans are checked before
+  // they are used.
+  bool same_layout = true;
+  for (size_t i = 0; usable && i < results.size(); ++i) {
+    same_layout = same_layout && (!results[i].isTensor() || planned_layout_matches((*check.plan)[i], results[i].toTensor()));
+  }
+  if (!usable || !same_layout) {
     plan_cache().disagreed(check.op);
   }
   // A kernel that warned runs where its caller waits from now on, so that
   // its warnings reach the caller each time (Note [Kernel warnings]).
-  plan_cache().settle(check.key, usable && !kernel_warned);
+  plan_cache().settle(check.key, usable && !kernel_warned, same_layout ? nullptr : relaid_as(*check.plan, results));
   return usable;
 }
 

@@ -81,8 +81,10 @@ bool results_depend_on_data(const c10::OperatorHandle& op);
 // running it (openreg tensors, or the CPU kernel's on views), have the
 // planned dtypes and shapes and its kernel did not warn (Note [Kernel
 // warnings] in device_memory.h); else never uses it, and an op whose
-// results differed is no longer planned unchecked. Returns whether the
-// results matched.
+// results differed is no longer planned unchecked. New results laid out
+// otherwise than planned give the plan their strides, and their op too is
+// no longer planned unchecked (Note [Memory format of results] in
+// result_format.h). Returns whether the results matched.
 bool check_plan(const PlanToCheck& check, c10::ArrayRef<c10::IValue> results, bool kernel_warned);
 
 // Settles `check`'s plan without results to compare (a split kernel's

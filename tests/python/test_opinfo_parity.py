@@ -4,13 +4,16 @@ op) and queued; every other dtype on a rotating share of the ops, so each op
 also runs at one other dtype; inline and queued, every pair where
 CUDA's dtypes differ from CPU's (--cuda-dtypes: Note [Dtype policy]); and
 the ops op_db declares for sparse layouts on their sparse samples, every
-layout at float32 and float64 (--sparse: Note [Sparse tensors]). The known failures below, each with its
+layout at float32 and float64 (--sparse: Note [Sparse tensors]); and at float32, inline and queued, the
+samples with 4-D/5-D tensors as they are and channels-last, forward and backward: results and input
+gradients laid out as on CPU (--memory-formats: Note [Memory format of results]). The known failures below, each with its
 reason, must still fail where they run: a fixed one is noticed here and taken
 off the list. The full sweep is run by hand:
 python3 tests/opinfo_parity.py --dtypes all --backward (and --busy), and
 python3 tests/opinfo_parity.py --sparse --dtypes all (and --busy)."""
 
 import os
+import re
 
 import pytest
 
@@ -112,3 +115,26 @@ def test_sparse_layouts_equal_cpu():
         f"{label}: {why}" for label, why in sorted(differing.items()))
     for layout in ("sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc"):
         assert any(f" {layout}:" in label for label in report.passed), f"no {layout} pair ran"
+
+
+# Keyed by "op.variant": where openreg, as CUDA, lays a result out otherwise than CPU.
+CUDNN_3D = (
+    "CPU's 3-D convolutions of a batch of one with small kernels run its slow kernels, whose results are "
+    "contiguous whatever the input's format (determine_backend_memory_format in "
+    "aten/src/ATen/native/Convolution.cpp: Slow3d and SlowTranspose3d; oneDNN, taken otherwise, keeps "
+    "channels_last_3d); CUDA's cuDNN gives channels_last_3d when the input or the weight is "
+    "(cudnn_conv_suggest_memory_format in aten/src/ATen/native/ConvUtils.h), as openreg does "
+    "(Note [Memory format of results])"
+)
+MEMORY_FORMAT_KNOWN_FAILURES = {"nn.functional.conv_transpose3d.": CUDNN_3D}
+
+
+# About 30 s inline, 25 s queued, on two idle cores.
+@pytest.mark.subprocess
+@pytest.mark.parametrize("args", [[], ["--busy"]], ids=["inline", "queued"])
+def test_memory_formats_equal_cpu(args):
+    report = run_sweep(SCRIPT, "--memory-formats", *args)
+    check_known_failures(report, lambda label: MEMORY_FORMAT_KNOWN_FAILURES.get(label.split()[1]), "ops")
+    counts = re.search(r"^-- memory formats: (\d+) of \d+ ops have 4-D/5-D samples; (\d+) ", report.stdout, re.MULTILINE)
+    print(counts and counts.group(0))
+    assert counts and int(counts.group(1)) >= 100 and int(counts.group(2)) >= 700, report.stdout[-2000:]
