@@ -88,6 +88,7 @@
 #include <c10/util/Exception.h>
 
 #include "torch_openreg/cpp/ops/dtype_policy.h"
+#include "torch_openreg/cpp/ops/ivalue_tensors.h"
 
 namespace openreg {
 namespace {
@@ -234,7 +235,7 @@ void alert_front(
     fallback.callBoxed(op, keys, stack);
     return;
   }
-  const Arguments args = &*(stack->end() - static_cast<std::ptrdiff_t>(op.schema().arguments().size()));
+  const Arguments args = arguments_of(op, *stack).data();
   const bool alerts = alert.applies(args);
   if (alerts) {
     context.alertNotDeterministic(alert.caller); // raises unless warn_only

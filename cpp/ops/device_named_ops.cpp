@@ -103,13 +103,10 @@
 #include <ATen/ops/zeros.h>
 
 #include "torch_openreg/cpp/ops/dtype_policy.h"
+#include "torch_openreg/cpp/ops/ivalue_tensors.h"
 
 namespace openreg {
 namespace {
-
-c10::IValue* arguments_of(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  return &*(stack->end() - static_cast<std::ptrdiff_t>(op.schema().arguments().size()));
-}
 
 // Whether the call is the op's out= form: more arguments than the
 // functional form's `functional_arguments`.
@@ -152,7 +149,7 @@ void softmax_front(
     const c10::OperatorHandle& op,
     c10::DispatchKeySet keys,
     torch::jit::Stack* stack) {
-  c10::IValue* args = arguments_of(op, stack);
+  const c10::ArrayRef<c10::IValue> args = arguments_of(op, *stack);
   if (!args[2].toBool()) {
     fallback.callBoxed(op, keys, stack);
     return;
@@ -183,7 +180,7 @@ void softmax_backward_front(
     const c10::OperatorHandle& op,
     c10::DispatchKeySet keys,
     torch::jit::Stack* stack) {
-  c10::IValue* args = arguments_of(op, stack);
+  const c10::ArrayRef<c10::IValue> args = arguments_of(op, *stack);
   const at::Tensor grad = args[0].toTensor();
   const c10::ScalarType input_dtype = args[3].toScalarType();
   if (grad.scalar_type() == input_dtype) {
@@ -271,7 +268,7 @@ void lu_factor_ex_front(
     const c10::OperatorHandle& op,
     c10::DispatchKeySet keys,
     torch::jit::Stack* stack) {
-  c10::IValue* args = arguments_of(op, stack);
+  const c10::ArrayRef<c10::IValue> args = arguments_of(op, *stack);
   const at::Tensor A = args[0].toTensor();
   if (args[1].toBool() || !lu_computed_here(A)) {
     fallback.callBoxed(op, keys, stack);
@@ -304,7 +301,7 @@ void lu_front(
     const c10::OperatorHandle& op,
     c10::DispatchKeySet keys,
     torch::jit::Stack* stack) {
-  c10::IValue* args = arguments_of(op, stack);
+  const c10::ArrayRef<c10::IValue> args = arguments_of(op, *stack);
   const at::Tensor A = args[0].toTensor();
   if (args[1].toBool() || !lu_computed_here(A)) {
     fallback.callBoxed(op, keys, stack);
@@ -335,7 +332,7 @@ void svd_driver_front(
     const c10::OperatorHandle& op,
     c10::DispatchKeySet keys,
     torch::jit::Stack* stack) {
-  c10::IValue* args = arguments_of(op, stack);
+  const c10::ArrayRef<c10::IValue> args = arguments_of(op, *stack);
   if (!args[3].isNone()) {
     const at::Tensor A = args[0].toTensor();
     // svd_cusolver's check, reached after the meta function's (a floating or
@@ -347,7 +344,7 @@ void svd_driver_front(
           driver, " in svd_cusolver computation. ",
           "Check doc at https://pytorch.org/docs/stable/generated/torch.linalg.svd.html");
     }
-    args[3] = c10::IValue();
+    torch::jit::peek(*stack, 3, args.size()) = c10::IValue();
   }
   fallback.callBoxed(op, keys, stack);
 }

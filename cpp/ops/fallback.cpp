@@ -311,20 +311,20 @@ class Call {
         if (is_sparse_any(t)) {
           return sparse_cpu_view(t);
         }
-        if (!t.is_nested() && !t.is_quantized()) {
-          // One view per tensor and one CPU storage per device storage (Note
-          // [Errors at the call]).
-          for (const auto& [view, original] : views_) {
-            if (original.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
-              return view;
-            }
-          }
+        if (t.is_nested() || t.is_quantized()) {
+          at::Tensor view = t.is_nested() ? nested_over(cpu_view(nested_buffer(t)), t)
+                                          : quantized_over(cpu_view(quantized_bytes(t)), t, at::get_qtensorimpl(t)->quantizer());
+          views_.emplace_back(view, t);
+          return view;
         }
-        at::Tensor view = t.is_nested()      ? nested_over(cpu_view(nested_buffer(t)), t)
-            : t.is_quantized() ? quantized_over(cpu_view(quantized_bytes(t)), t, at::get_qtensorimpl(t)->quantizer())
-                               : cpu_view_over(t, cpu_storage_of(t));
-        views_.emplace_back(view, t);
-        return view;
+        // One view per tensor and one CPU storage per device storage (Note
+        // [Errors at the call]).
+        auto [found, is_new] = dense_views_.try_emplace(t.unsafeGetTensorImpl());
+        if (is_new) {
+          found->second = cpu_view_over(t, cpu_storage_of(t));
+          views_.emplace_back(found->second, t);
+        }
+        return found->second;
       });
     }
     const auto key = has_nested_  ? c10::DispatchKey::NestedTensorCPU
@@ -521,6 +521,7 @@ class Call {
   std::vector<std::pair<at::Tensor, at::Tensor>> views_; // (CPU view, openreg original), dense
   std::vector<std::pair<at::Tensor, at::Tensor>> sparse_views_; // the same, sparse
   std::unordered_map<const c10::StorageImpl*, c10::Storage> cpu_storages_; // by device storage
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> dense_views_; // views_' dense views, by original
 };
 
 // A host tensor argument of a queued kernel is copied at the call, as CUDA

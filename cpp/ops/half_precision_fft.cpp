@@ -64,6 +64,7 @@
 #include <torch/library.h>
 
 #include "torch_openreg/cpp/ops/dtype_policy.h"
+#include "torch_openreg/cpp/ops/ivalue_tensors.h"
 
 namespace openreg {
 namespace {
@@ -140,7 +141,7 @@ void checked_transform(
     const c10::OperatorHandle& op,
     c10::DispatchKeySet keys,
     torch::jit::Stack* stack) {
-  check_half_precision_signal(op, &*(stack->end() - static_cast<std::ptrdiff_t>(op.schema().arguments().size())));
+  check_half_precision_signal(op, arguments_of(op, *stack).data());
   fallback.callBoxed(op, keys, stack);
 }
 

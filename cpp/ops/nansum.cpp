@@ -37,6 +37,7 @@
 #include <ATen/ops/where.h>
 
 #include "torch_openreg/cpp/ops/dtype_policy.h"
+#include "torch_openreg/cpp/ops/ivalue_tensors.h"
 
 namespace openreg {
 namespace {
@@ -48,8 +49,8 @@ void nansum_front(
     const c10::OperatorHandle& op,
     c10::DispatchKeySet keys,
     torch::jit::Stack* stack) {
-  const size_t arguments = op.schema().arguments().size();
-  const c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(arguments));
+  const c10::ArrayRef<c10::IValue> args = arguments_of(op, *stack);
+  const size_t arguments = args.size();
   const at::Tensor& self = args[0].toTensor();
   const bool reduced_float = self.scalar_type() == c10::kHalf || self.scalar_type() == c10::kBFloat16;
   if (!self.is_complex() && !reduced_float) {

@@ -19,6 +19,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "torch_openreg/cpp/ops/dtype_policy.h"
+#include "torch_openreg/cpp/ops/ivalue_tensors.h"
 
 namespace openreg {
 namespace {
@@ -30,7 +31,7 @@ void scaled_mm_front(
     const c10::OperatorHandle& op,
     c10::DispatchKeySet keys,
     torch::jit::Stack* stack) {
-  const c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(op.schema().arguments().size()));
+  const c10::ArrayRef<c10::IValue> args = arguments_of(op, *stack);
   TORCH_CHECK_VALUE(
       args[0].toTensor().scalar_type() != c10::ScalarType::Float8_e5m2 ||
           args[1].toTensor().scalar_type() != c10::ScalarType::Float8_e5m2,

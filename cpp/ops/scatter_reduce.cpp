@@ -30,6 +30,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "torch_openreg/cpp/ops/dtype_policy.h"
+#include "torch_openreg/cpp/ops/ivalue_tensors.h"
 
 namespace openreg {
 namespace {
@@ -58,7 +59,7 @@ void scatter_reduce_front(
     const c10::OperatorHandle& op,
     c10::DispatchKeySet keys,
     torch::jit::Stack* stack) {
-  const c10::IValue* args = &*(stack->end() - static_cast<std::ptrdiff_t>(op.schema().arguments().size()));
+  const c10::ArrayRef<c10::IValue> args = arguments_of(op, *stack);
   const c10::ScalarType dtype = args[0].toTensor().scalar_type();
   TORCH_CHECK_NOT_IMPLEMENTED(
       !refused_on_cuda(args[4].toStringView(), dtype, args[2].toTensor()),

@@ -236,9 +236,6 @@ mod bridge {
         /// Whether the current stream of `device` has a failure to report;
         /// one atomic load (false for a device that cannot be reached).
         fn stream_has_parked_failure(device: i8) -> bool;
-        /// Whether the current stream of `device` has finished all its
-        /// work (no report, no sanitizer effect: the runtime asking).
-        fn current_stream_idle(device: i8) -> Result<bool>;
         /// Makes the current stream of `waiter` wait for everything queued so
         /// far on the current stream of `device`.
         fn stream_wait_stream(waiter: i8, device: i8) -> Result<()>;
@@ -726,10 +723,6 @@ fn end_inline_kernel(device: i8) {
 
 fn report_stream_failure(device: i8) -> Result<()> {
     stream::current(device.into())?.take_failure()
-}
-
-fn current_stream_idle(device: i8) -> Result<bool> {
-    Ok(stream::current(device.into())?.query())
 }
 
 fn stream_has_parked_failure(device: i8) -> bool {
