@@ -48,18 +48,23 @@ def backward_of(forward, *shape, **kw):
 
     def program(device):
         x = randn(*shape, device=device, requires_grad=True, **kw)
-        out = forward(x)
-        grad = torch.ones_like(out)
-
-        def step():
-            out.backward(grad, retain_graph=True)
-            g = x.grad.clone()
-            x.grad = None
-            return g
-
-        return step
+        return gradient_step(forward(x), x)
 
     return program
+
+
+def gradient_step(out, leaf):
+    """The alerting step of a backward program: `out`'s backward (the graph
+    kept, so the step runs again), returning `leaf`'s gradient."""
+    grad = torch.ones_like(out)
+
+    def step():
+        out.backward(grad, retain_graph=True)
+        g = leaf.grad.clone()
+        leaf.grad = None
+        return g
+
+    return step
 
 
 def call_of(fn):
@@ -107,29 +112,14 @@ def ctc_loss_program(device):
     logits = randn(50, 3, 15, device=device, requires_grad=True)
     targets = torch.randint(1, 15, (3, 30), generator=gen()).to(device)
     loss = F.ctc_loss(logits.log_softmax(2), targets, [50, 50, 50], [30, 25, 20])
-
-    def step():
-        loss.backward(retain_graph=True)
-        g = logits.grad.clone()
-        logits.grad = None
-        return g
-
-    return step
+    return gradient_step(loss, logits)
 
 
 def embedding_bag_program(mode):
     def program(device):
         weight = randn(4, 3, device=device, requires_grad=True)
         indices = torch.randint(0, 3, (4, 3), generator=gen()).to(device)
-        out = F.embedding_bag(indices, weight, mode=mode)
-
-        def step():
-            out.backward(torch.ones_like(out), retain_graph=True)
-            g = weight.grad.clone()
-            weight.grad = None
-            return g
-
-        return step
+        return gradient_step(F.embedding_bag(indices, weight, mode=mode), weight)
 
     return program
 
@@ -138,15 +128,7 @@ def grid_sample_program(dims):
     def program(device):
         x = randn(1, 1, *([2] * dims), device=device, requires_grad=True)
         grid = randn(1, 1, *([1] * (dims - 1)), dims, device=device) * 0.5
-        out = F.grid_sample(x, grid, align_corners=False)
-
-        def step():
-            out.backward(torch.ones_like(out), retain_graph=True)
-            g = x.grad.clone()
-            x.grad = None
-            return g
-
-        return step
+        return gradient_step(F.grid_sample(x, grid, align_corners=False), x)
 
     return program
 
