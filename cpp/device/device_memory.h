@@ -264,6 +264,9 @@ class CollectedWarnings final : public c10::WarningHandler {
   bool any() const {
     return !warnings_.empty();
   }
+  const std::vector<c10::Warning>& collected() const {
+    return warnings_;
+  }
 
  private:
   std::vector<c10::Warning> warnings_;

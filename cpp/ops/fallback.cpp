@@ -22,12 +22,14 @@
 //  3. Waited: otherwise, when the results cannot be known without
 //     running the op (no Meta kernel; a data-dependent shape, as nonzero's;
 //     a non-tensor result; a generator argument, whose state must advance
-//     at the call), or the first time a plan is made (the run checks it;
-//     for a split kernel, route 2 takes the plan and its kernel checks it
-//     while the host waits: Note [Plans checked by the kernel]). Either way
-//     a first call raises its errors at the call (Note [Errors at the call]).
-//     The CPU kernel runs as the stream's next work and the host waits for
-//     it, as CUDA waits for nonzero.
+//     at the call), or the first time a plan is made (the run checks it).
+//     Two first calls take route 2 instead, and the plan's kernel checks it
+//     (Note [Plans checked by the kernel]): a split kernel's, while the host
+//     waits, and a small call's behind queued work, without a wait, once
+//     the CPU kernel accepted stand-ins of its arguments (Note [Trial on
+//     stand-ins]). Either way a first call raises its errors at the call
+//     (Note [Errors at the call]). The CPU kernel runs as the stream's next
+//     work and the host waits for it, as CUDA waits for nonzero.
 // After routes 1 and 3 the CPU kernel's results are on the host: results
 // that view an argument are rebuilt as openreg views of its memory, and
 // fresh results (or arguments the CPU kernel moved to fresh memory by
@@ -45,9 +47,11 @@
 // them where the caller sees them:
 //  - A call whose results are not planned yet, or whose plan is new, runs
 //    its kernel where the host waits (route 1 or 3; a split kernel, route 2
-//    waited). A plan is trusted only once the CPU kernel accepted arguments
-//    of exactly its key (metadata, aliasing and non-tensor values, Note
-//    [Meta results]), so a call queued on a trusted plan passes every such
+//    waited), except a small call behind queued work, whose arguments the
+//    CPU kernel checks on stand-ins first (Note [Trial on stand-ins]). A
+//    plan is trusted only once the CPU kernel accepted arguments of exactly
+//    its key (metadata, aliasing and non-tensor values, Note [Meta
+//    results]), so a call queued on a trusted plan passes every such
 //    check; a plan whose first kernel raised is never trusted, and later
 //    calls with that key wait again and raise again.
 //  - The CPU kernel sees what the openreg tensors share: one call's views
@@ -56,13 +60,33 @@
 //    TensorIterator's overlap checks raise as they would on CPU (gather's,
 //    cat's, aminmax's out= checks...).
 // What remains for a later wait are checks of tensor contents in a call
-// queued on a trusted plan: an index out of range (index, index_select,
+// queued on a trusted plan, or on a new plan after its trial: an index out of range (index, index_select,
 // gather, scatter, take, embedding, nll_loss's targets). CUDA reports those by
 // a device-side assert at its next synchronizing call; openreg parks the
 // kernel's error, which names the op (Note [Sticky kernel failures] in
 // src/runtime/stream.rs), for its next synchronizing call. Own kernels
 // check their arguments at the call (the random kernels run PyTorch's
 // checks in PyTorch's words before they queue).
+//
+// Note [Trial on stand-ins]: behind queued work, a call with a new plan
+// would wait for the stream only so that its CPU kernel checks the
+// arguments where the caller sees an error. CUDA checks on the host without
+// waiting, and so does openreg for a small call (operands of at most
+// kInlineKernelElements, kTrialBytes of storage in all): the CPU kernel
+// runs right away on the caller's thread over stand-ins, host tensors with
+// the arguments' dtypes and geometry over zeroed host storages, one storage
+// per device storage and one tensor per argument tensor, so that they
+// share memory as the arguments do (host tensors and non-tensor arguments
+// are passed as they are). Every check of metadata, overlap or argument
+// values raises there as on the real arguments; only a check of contents
+// cannot (zeros are not the data: that one raises later, as above). If the
+// trial raises or warns, the call takes route 3: the real kernel decides,
+// where the caller sees it (a trial that raised on zeros alone, as a
+// Cholesky factorization does, only costs that wait). The trial's error is
+// dropped; its warnings are the call's (a warn-once is spent by the trial),
+// raised before the real kernel runs, whose warnings of the same text are
+// not raised again. Otherwise the call is queued on the plan, which its
+// kernel checks. The trial costs what an inline run of the op would.
 //
 // Note [Nested tensors]: a nested openreg tensor is a NestedTensorImpl whose
 // buffer is device memory (dispatch key NestedTensorPrivateUse1). PyTorch
@@ -93,6 +117,8 @@
 // routes, with a sparse CPU view of each sparse argument.
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 
+#include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -101,6 +127,7 @@
 #include <ATen/quantized/QTensorImpl.h>
 #include <ATen/quantized/Quantizer.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -115,6 +142,40 @@
 
 namespace openreg {
 namespace {
+
+// The most host memory one trial on stand-ins zeroes for its storages (Note
+// [Trial on stand-ins]): a small operand may view a large storage.
+constexpr size_t kTrialBytes = size_t{1} << 20;
+
+// A resizable host storage of `nbytes` zero bytes.
+c10::Storage zeroed_host_storage(size_t nbytes) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::GetCPUAllocator(), /*resizable=*/true);
+  if (nbytes > 0) {
+    std::memset(storage.mutable_data(), 0, nbytes);
+  }
+  return storage;
+}
+
+// Passes on to the handler in place when it was made the warnings whose
+// text is not among `raised`'s (Note [Trial on stand-ins]).
+class WarningsNotRaisedYet final : public c10::WarningHandler {
+ public:
+  explicit WarningsNotRaisedYet(const CollectedWarnings& raised)
+      : raised_(raised), next_(c10::WarningUtils::get_warning_handler()) {}
+
+  void process(const c10::Warning& warning) override {
+    const auto& raised = raised_.collected();
+    const bool repeated = std::any_of(
+        raised.begin(), raised.end(), [&](const c10::Warning& earlier) { return earlier.msg() == warning.msg(); });
+    if (!repeated) {
+      next_->process(warning);
+    }
+  }
+
+ private:
+  const CollectedWarnings& raised_;
+  c10::WarningHandler* next_;
+};
 
 // Ops whose CPU kernels accept CPU index tensors next to device tensors,
 // as CUDA's do.
@@ -356,6 +417,58 @@ class Call {
       it->second = cpu_storage_alias(t.storage());
     }
     return it->second;
+  }
+
+  // Whether the CPU kernel accepts stand-ins of this call's arguments
+  // without an error or a warning (Note [Trial on stand-ins]); its warnings
+  // go to `warnings`. False, with no trial, for a call larger than a trial
+  // may be (only dense arguments reach here: has_wrapped_tensors() is false).
+  bool cpu_kernel_accepts_stand_ins(CollectedWarnings& warnings) const {
+    if (largest_operand_ > kInlineKernelElements) {
+      return false;
+    }
+    // One zeroed host storage per device storage.
+    std::unordered_map<const c10::StorageImpl*, c10::Storage> storages;
+    size_t bytes = 0;
+    for (const c10::IValue& value : arguments()) {
+      for_each_tensor(value, [&](const at::Tensor& t) {
+        if (t.is_privateuseone() && storages.try_emplace(t.storage().unsafeGetStorageImpl()).second) {
+          bytes += t.storage().nbytes();
+        }
+      });
+    }
+    if (bytes > kTrialBytes) {
+      return false;
+    }
+    torch::jit::Stack trial(arguments().begin(), arguments().end());
+    std::unordered_map<const c10::TensorImpl*, at::Tensor> stand_ins; // one per argument tensor
+    for (c10::IValue& value : trial) {
+      retarget_device(value, c10::kCPU);
+      map_tensors(value, [&](const at::Tensor& t) {
+        if (!t.is_privateuseone()) {
+          return t; // a host scalar or host indices, read as they are
+        }
+        auto [stand_in, is_new] = stand_ins.try_emplace(t.unsafeGetTensorImpl());
+        if (is_new) {
+          c10::Storage& storage = storages.at(t.storage().unsafeGetStorageImpl());
+          if (!storage) {
+            storage = zeroed_host_storage(t.storage().nbytes());
+          }
+          stand_in->second = cpu_view_over(t, storage);
+        }
+        return stand_in->second;
+      });
+    }
+    try {
+      // As a kernel runs: a team of one, no op events (Note [Kernel
+      // threads], Note [No ops inside kernels] in device_memory.h).
+      KernelScope as_a_kernel;
+      c10::WarningUtils::WarningHandlerGuard collect(&warnings);
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &trial);
+    } catch (const std::exception&) {
+      return false;
+    }
+    return !warnings.any();
   }
 
   // Routes 1 and 3, after the kernel: each host result becomes the openreg
@@ -684,17 +797,19 @@ std::optional<OutVariant> out_variant(const c10::OperatorHandle& op) {
 }
 
 // Note [Plans checked by the kernel]: a plan not yet checked (route 2 of
-// Note [Fallback], when the kernel is split, or while a graph captures) is
-// checked where the kernel runs: the CPU kernel's results must have the
-// planned dtypes and shapes (and views the planned geometry) before they are
-// written where the plan put them. The host waits for a split kernel's
-// first run (Note [Errors at the call]): a mismatch, or an error of the
-// kernel, raises at the call, and the plan is never trusted (after a
-// mismatch, the op's later new plans are checked by an unsplit run). A captured kernel's mismatch
-// fails the replay, which the next synchronizing call reports (Note [Sticky
-// kernel failures] in src/runtime/stream.rs). A kernel that warns marks its
-// plan unusable too, so that later calls raise their warnings on the
-// caller's thread (Note [Kernel warnings]).
+// Note [Fallback], when the kernel is split, behind queued work after a
+// trial on stand-ins, or while a graph captures) is checked where the
+// kernel runs: the CPU kernel's results must have the planned dtypes and
+// shapes (and views the planned geometry) before they are written where the
+// plan put them. The host waits for a split kernel's first run (Note
+// [Errors at the call]): a mismatch, or an error of the kernel, raises at
+// the call. Otherwise (after a trial, or in a capture) it fails the kernel
+// (the replay), which the next synchronizing call reports (Note [Sticky
+// kernel failures] in src/runtime/stream.rs). Either way the plan is never
+// trusted, and after a mismatch the op's later new plans are checked by a
+// waited, unsplit run. A kernel that warns marks its plan unusable too, so
+// that later calls raise their warnings on the caller's thread (Note
+// [Kernel warnings]).
 class QueuedKernel {
  public:
   QueuedKernel(c10::OperatorHandle op, c10::DispatchKeySet keys, torch::jit::Stack arguments,
@@ -783,14 +898,15 @@ class QueuedKernel {
 };
 
 // Route 2 (see the Note) with the planned results; `check`: the plan's
-// check, for a plan used unchecked (Note [Plans checked by the kernel]),
-// whose kernel the host then waits for (Note [Errors at the call]).
+// check, for a plan used unchecked (Note [Plans checked by the kernel]);
+// `wait`: the host waits for the kernel (Note [Errors at the call]).
 void queue_with_planned_results(
     Call& call,
     c10::Device device,
     PlannedResults& planned,
     CallSplit split,
-    std::shared_ptr<PlanToCheck> check) {
+    std::shared_ptr<PlanToCheck> check,
+    bool wait) {
   torch::jit::Stack& results = planned.results;
   if (call.op.schema().is_mutable() || planned.any_fresh || check) {
     const ResultMemory memory = result_memory(call.arguments(), results);
@@ -826,10 +942,9 @@ void queue_with_planned_results(
     std::optional<OutVariant> out =
         check || !memory.all_new || keys != c10::DispatchKeySet(c10::DispatchKey::CPU) ? std::nullopt
                                                                                       : out_variant(call.op);
-    const bool waited = check != nullptr;
     QueuedKernel kernel(call.op, keys, std::move(arguments), std::move(destinations), std::move(split),
                         std::move(check), std::move(out));
-    if (waited) {
+    if (wait) {
       run_in_stream_order(device.index(), "", kernel, call.op.schema().name().c_str(), [&info] { return info; });
     } else {
       queue_kernel(device.index(), std::move(kernel), ffi::LaunchMode::Queue, std::move(info));
@@ -915,17 +1030,23 @@ void run_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool quan
   PlanLookup lookup = call.has_sparse_tensors() ? plan_sparse_results(op, call.arguments(), device)
       : call.has_wrapped_tensors()                 ? PlanLookup()
                                                    : plan_results(op, call.arguments(), device, /*accept_unchecked=*/capturing);
-  if (!call.has_sparse_tensors() && !lookup.planned && lookup.to_check && may_use_unchecked(op) && split.split()) {
-    // Note [Plans checked by the kernel]: the split kernel checks it.
+  // Note [Plans checked by the kernel]: a new plan is used, and its kernel
+  // checks it, if the kernel is split (the host waits for it) or if the
+  // CPU kernel accepted stand-ins of the arguments (Note [Trial on
+  // stand-ins]; the call is queued).
+  CollectedWarnings trial_warnings;
+  if (!call.has_sparse_tensors() && !lookup.planned && lookup.to_check && may_use_unchecked(op) &&
+      (split.split() || call.cpu_kernel_accepts_stand_ins(trial_warnings))) {
     std::shared_ptr<PlanToCheck> check = std::move(lookup.to_check);
     lookup = plan_results(op, call.arguments(), device, /*accept_unchecked=*/true);
     if (lookup.planned) {
-      queue_with_planned_results(call, device, *lookup.planned, split, std::move(check));
+      const bool wait = split.split();
+      queue_with_planned_results(call, device, *lookup.planned, split, std::move(check), wait);
       return;
     }
   }
   if (lookup.planned) {
-    queue_with_planned_results(call, device, *lookup.planned, split, nullptr);
+    queue_with_planned_results(call, device, *lookup.planned, split, nullptr, /*wait=*/false);
     return;
   }
   // A plan's first check is the runtime's own wait, not reported (empty),
@@ -940,8 +1061,14 @@ void run_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool quan
       : call.has_wrapped_tensors()
       ? op.schema().name() + " (the host waits for its results: nested and quantized results are not planned)"
       : op.schema().name() + " (the host waits for its results: a data-dependent shape or a host value)";
-  const bool warned =
-      run_in_stream_order(device.index(), what, [&] { call.run_cpu_kernel_on_views(); }, name, accesses);
+  // A trial's warnings are the call's (Note [Trial on stand-ins]).
+  trial_warnings.raise_here();
+  bool warned = false;
+  {
+    WarningsNotRaisedYet once(trial_warnings);
+    c10::WarningUtils::WarningHandlerGuard raise_once(&once);
+    warned = run_in_stream_order(device.index(), what, [&] { call.run_cpu_kernel_on_views(); }, name, accesses);
+  }
   call.results_to_device(device);
   if (lookup.to_check) {
     check_plan(*lookup.to_check, call.arguments(), warned);

@@ -12,10 +12,11 @@
 // process most Meta kernels are Python functions costing 0.1-10 ms, and a
 // training loop asks the same questions every step. A plan is trusted only
 // after the CPU kernel, run once for the same key (the call waits for it),
-// gave results of the planned dtypes and shapes: where the host would
-// wait only for that (a busy stream) or where the kernel is split (Note
-// [Split kernels]), the plan is used unchecked and the queued kernel checks
-// it (Note [Plans checked by the kernel] in fallback.cpp), except for ops
+// gave results of the planned dtypes and shapes: where the kernel is split
+// (Note [Split kernels]) or where the host would wait only for that (a
+// busy stream) and the CPU kernel accepted stand-ins of the arguments (Note
+// [Trial on stand-ins] in fallback.cpp), the plan is used unchecked and the
+// queued kernel checks it (Note [Plans checked by the kernel]), except for ops
 // whose Meta kernels are known to disagree with their CPU kernels, or were
 // found to. Ops whose result shapes
 // depend on data (nonzero, unique...), that return non-tensors or take a

@@ -206,12 +206,19 @@ def test_content_checks_are_reported_at_the_next_synchronize_naming_the_op(case)
     torch.openreg.synchronize()
 
 
-def test_a_content_check_of_a_first_call_raises_at_the_call():
-    """The first call of an op with new argument metadata on a busy stream
-    waits for its kernel (its plan is checked where the host waits), so even
-    a content check raises there."""
+def test_a_content_check_of_a_first_call_is_where_its_kernel_runs():
+    """The first call of an op with new argument metadata is checked on
+    stand-ins behind queued work (Note [Trial on stand-ins]): zeros pass an
+    index check, so an index out of range is reported by the next
+    synchronizing call, naming the op, as for a trusted plan. On an idle
+    stream the kernel runs at the call, and so does its check."""
     x = torch.randn(7, 3, device="openreg")
-    busy(torch.openreg.current_stream(), 20)
+    bad = torch.tensor([1, 2, 3, 70], device="openreg")
     with pytest.raises(IndexError, match="index out of range in self"):
-        x.index_select(0, torch.tensor([1, 2, 3, 70], device="openreg"))
+        x.index_select(0, bad)
+    y = torch.randn(8, 3, device="openreg")
+    busy(torch.openreg.current_stream(), 20)
+    y.index_select(0, bad)
+    with pytest.raises(RuntimeError, match=re.escape('kernel "aten::index_select" on openreg stream') + ".*index out of range"):
+        torch.openreg.synchronize()
     torch.openreg.synchronize()

@@ -5,6 +5,7 @@ early, and the host does not wait for work it did not ask to wait for."""
 
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -81,9 +82,8 @@ def _queue_long_work(ms=50):
 )
 def test_the_host_does_not_wait_for_queued_work(op):
     """An op queued behind 300 ms of work returns at once, as on CUDA; the
-    value it computes is the one stream order gives. (The first call of a
-    fallback op with new argument shapes on a busy stream waits once, to
-    check its planned results: Note [Meta results].)"""
+    value it computes is the one stream order gives. (Here on a plan already
+    checked; a first call is test_a_first_call_behind_queued_work_does_not_wait.)"""
     x = torch.arange(1000, dtype=torch.float32, device="openreg")
     expected = op(x.cpu().clone()).cpu()
     # Plans and checks the op's results for these shapes: behind queued work
@@ -105,6 +105,53 @@ def test_the_host_does_not_wait_for_queued_work(op):
         torch.testing.assert_close(got.cpu()[:1000], torch.arange(1000, dtype=torch.float32))
     else:
         torch.testing.assert_close(got.cpu(), expected)
+
+
+FIRST_CALLS = {
+    "sin": lambda x, i: x.sin(),
+    "cumsum": lambda x, i: x.cumsum(0),
+    "softmax": lambda x, i: x.softmax(-1),
+    "sort": lambda x, i: x.sort(0).values,
+    "mm": lambda x, i: x @ x.T,
+    "sin-out": lambda x, i: torch.sin(x, out=torch.empty_like(x)),
+    "index_select": lambda x, i: x.index_select(0, i),
+    "gather-on-a-view": lambda x, i: x[1:].gather(1, i.expand(4, 3)),
+}
+
+
+@pytest.mark.parametrize("op", FIRST_CALLS)
+def test_a_first_call_behind_queued_work_does_not_wait(op):
+    """The first call of a fallback op with argument shapes it has not seen
+    behind queued work does not wait for the stream: its CPU kernel checks the
+    arguments on stand-ins at the call (Note [Trial on stand-ins] in
+    cpp/ops/fallback.cpp), and the call is queued. Its value is the one
+    stream order gives."""
+    fn = FIRST_CALLS[op]
+    shape = (5, 3 + list(FIRST_CALLS).index(op))  # shapes no other test here uses
+    x = torch.arange(shape[0] * shape[1], dtype=torch.float32, device="openreg").view(shape)
+    index = torch.tensor([2, 0, 1], device="openreg")  # made before the work: a host copy waits
+    expected = fn(x.cpu() * 2, index.cpu())
+    stream = torch.openreg.current_stream()
+    _queue_long_work(300)
+    x.mul_(2)  # queued: a host copy made now would not see it
+    got = fn(x, index)
+    assert not stream.query(), "the host waited for the stream"
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_a_trials_warnings_are_raised_once_at_the_call():
+    """A first call whose trial on stand-ins warns takes the waited route;
+    the warning reaches the caller once, at the call (Note [Trial on
+    stand-ins])."""
+    x = torch.randn(6, 5, device="openreg")
+    out = torch.empty(2, 2, device="openreg")  # resized, with a warning
+    _queue_long_work(50)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.sin(x, out=out)
+    resized = [w for w in caught if "resized" in str(w.message)]
+    assert len(resized) == 1, [str(w.message) for w in caught]
+    torch.testing.assert_close(out.cpu(), x.cpu().sin())
 
 
 def test_data_dependent_shapes_synchronize_and_are_right():

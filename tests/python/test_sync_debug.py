@@ -67,10 +67,12 @@ def test_asynchronous_work_is_not_reported(mode):
 
 
 def test_a_plans_first_check_is_not_reported(mode):
-    """The first call of a fallback op with new shapes on a busy stream waits
-    once to check its planned results (Note [Meta results]): the runtime's
-    own wait, which CUDA would not make, so error mode lets it through."""
-    x = torch.rand(5, 7, device="openreg")
+    """The first call of a fallback op with new shapes on a busy stream,
+    with operands too large for a trial on stand-ins (Note [Trial on
+    stand-ins] in cpp/ops/fallback.cpp), waits once to check its planned
+    results (Note [Meta results]): the runtime's own wait, which CUDA would
+    not make, so error mode lets it through."""
+    x = torch.rand(80, 70, device="openreg")
     mode("error")
     torch.openreg._sleep(20)
     y = torch.special.erfcx(x).cumsum(0).sort(dim=1).values

@@ -159,9 +159,16 @@ def _lazy_init() -> None:
     [C++ Meta kernels] in cpp/ops/meta_kernels.h) is planned: ``relu``,
     ``layer_norm``, ``embedding``... It is paid here instead, where no device
     work can be waiting, as a CUDA program pays for its context on its
-    first CUDA tensor. The runtime itself still initializes on first use,
-    wherever that is."""
+    first CUDA tensor. So is the CPU kernels' own one-time setup (the CPU
+    capability dispatch, the BLAS library: about 1 ms), which the first call
+    of an op with new argument shapes behind queued work would pay on the
+    host, where its CPU kernel checks the arguments (Note [Trial on
+    stand-ins] in cpp/ops/fallback.cpp). The runtime itself still
+    initializes on first use, wherever that is."""
     import torch._dynamo  # noqa: F401
+
+    scratch = torch.ones(2, 2)
+    (scratch @ scratch).sin_()
 
 
 def _inductor_backend_init() -> None:
