@@ -147,8 +147,9 @@ namespace {
 // [Trial on stand-ins]): a small operand may view a large storage.
 constexpr size_t kTrialBytes = size_t{1} << 20;
 
-// A resizable host storage of `nbytes` zero bytes.
-c10::Storage zeroed_host_storage(size_t nbytes) {
+// A resizable host storage of as many zero bytes as `device_storage` has.
+c10::Storage zeroed_host_storage(const c10::Storage& device_storage) {
+  const size_t nbytes = device_storage.nbytes();
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::GetCPUAllocator(), /*resizable=*/true);
   if (nbytes > 0) {
     std::memset(storage.mutable_data(), 0, nbytes);
@@ -175,6 +176,33 @@ class WarningsNotRaisedYet final : public c10::WarningHandler {
  private:
   const CollectedWarnings& raised_;
   c10::WarningHandler* next_;
+};
+
+// Host views of one call's dense openreg tensors, as one CPU kernel must see
+// them (Note [Errors at the call]): one view per tensor, over one host
+// storage per device storage (made by `host_storage` from the device
+// storage), so that the views share memory as the tensors do.
+class SharedHostViews {
+ public:
+  explicit SharedHostViews(c10::Storage (*host_storage)(const c10::Storage&)) : host_storage_(host_storage) {}
+
+  // t's view, and whether it was made by this call.
+  std::pair<at::Tensor, bool> view_of(const at::Tensor& t) {
+    auto [view, is_new] = views_.try_emplace(t.unsafeGetTensorImpl());
+    if (is_new) {
+      auto [storage, new_storage] = storages_.try_emplace(t.storage().unsafeGetStorageImpl());
+      if (new_storage) {
+        storage->second = host_storage_(t.storage());
+      }
+      view->second = cpu_view_over(t, storage->second);
+    }
+    return {view->second, is_new};
+  }
+
+ private:
+  c10::Storage (*host_storage_)(const c10::Storage&);
+  std::unordered_map<const c10::StorageImpl*, c10::Storage> storages_; // by device storage
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> views_; // by tensor
 };
 
 // Ops whose CPU kernels accept CPU index tensors next to device tensors,
@@ -378,14 +406,11 @@ class Call {
           views_.emplace_back(view, t);
           return view;
         }
-        // One view per tensor and one CPU storage per device storage (Note
-        // [Errors at the call]).
-        auto [found, is_new] = dense_views_.try_emplace(t.unsafeGetTensorImpl());
+        auto [view, is_new] = dense_views_.view_of(t);
         if (is_new) {
-          found->second = cpu_view_over(t, cpu_storage_of(t));
-          views_.emplace_back(found->second, t);
+          views_.emplace_back(view, t);
         }
-        return found->second;
+        return view;
       });
     }
     const auto key = has_nested_  ? c10::DispatchKey::NestedTensorCPU
@@ -409,16 +434,6 @@ class Call {
     }
   }
 
-  // The one CPU storage of this call's views of t's device memory (Note
-  // [Errors at the call]).
-  c10::Storage cpu_storage_of(const at::Tensor& t) {
-    auto [it, inserted] = cpu_storages_.try_emplace(t.storage().unsafeGetStorageImpl());
-    if (inserted) {
-      it->second = cpu_storage_alias(t.storage());
-    }
-    return it->second;
-  }
-
   // Whether the CPU kernel accepts stand-ins of this call's arguments
   // without an error or a warning (Note [Trial on stand-ins]); its warnings
   // go to `warnings`. False, with no trial, for a call larger than a trial
@@ -427,12 +442,11 @@ class Call {
     if (largest_operand_ > kInlineKernelElements) {
       return false;
     }
-    // One zeroed host storage per device storage.
-    std::unordered_map<const c10::StorageImpl*, c10::Storage> storages;
+    std::unordered_set<const c10::StorageImpl*> storages;
     size_t bytes = 0;
     for (const c10::IValue& value : arguments()) {
       for_each_tensor(value, [&](const at::Tensor& t) {
-        if (t.is_privateuseone() && storages.try_emplace(t.storage().unsafeGetStorageImpl()).second) {
+        if (t.is_privateuseone() && storages.insert(t.storage().unsafeGetStorageImpl()).second) {
           bytes += t.storage().nbytes();
         }
       });
@@ -441,22 +455,12 @@ class Call {
       return false;
     }
     torch::jit::Stack trial(arguments().begin(), arguments().end());
-    std::unordered_map<const c10::TensorImpl*, at::Tensor> stand_ins; // one per argument tensor
+    SharedHostViews stand_ins(zeroed_host_storage);
     for (c10::IValue& value : trial) {
       retarget_device(value, c10::kCPU);
       map_tensors(value, [&](const at::Tensor& t) {
-        if (!t.is_privateuseone()) {
-          return t; // a host scalar or host indices, read as they are
-        }
-        auto [stand_in, is_new] = stand_ins.try_emplace(t.unsafeGetTensorImpl());
-        if (is_new) {
-          c10::Storage& storage = storages.at(t.storage().unsafeGetStorageImpl());
-          if (!storage) {
-            storage = zeroed_host_storage(t.storage().nbytes());
-          }
-          stand_in->second = cpu_view_over(t, storage);
-        }
-        return stand_in->second;
+        // A host scalar or host indices are read as they are.
+        return t.is_privateuseone() ? stand_ins.view_of(t).first : t;
       });
     }
     try {
@@ -633,8 +637,7 @@ class Call {
   bool written_host_tensor_ = false;
   std::vector<std::pair<at::Tensor, at::Tensor>> views_; // (CPU view, openreg original), dense
   std::vector<std::pair<at::Tensor, at::Tensor>> sparse_views_; // the same, sparse
-  std::unordered_map<const c10::StorageImpl*, c10::Storage> cpu_storages_; // by device storage
-  std::unordered_map<const c10::TensorImpl*, at::Tensor> dense_views_; // views_' dense views, by original
+  SharedHostViews dense_views_{cpu_storage_alias}; // views_' dense views
 };
 
 // A host tensor argument of a queued kernel is copied at the call, as CUDA
